@@ -1,0 +1,10 @@
+"""fairseq-plugins: load with ``--user-dir fairseq_plugins`` (or ``import fairseq_plugins``).
+
+Importing the package registers every model, criterion, LR scheduler and task of the
+suite with fairseq's registries, and lets fairseq load its own checkpoints under
+torch >= 2.6 without turning off ``weights_only`` (see :mod:`fairseq_plugins.compat`).
+"""
+from fairseq_plugins import compat  # noqa: F401  (first: checkpoint loading)
+from fairseq_plugins import criterions, lr_schedulers, models, tasks  # noqa: F401
+
+__version__ = "0.1.0"

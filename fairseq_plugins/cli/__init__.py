@@ -1,0 +1,1 @@
+"""Command-line tools of the suite (installed as console scripts, mirrored under scripts/)."""

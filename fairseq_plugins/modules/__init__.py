@@ -1,0 +1,1 @@
+"""Reusable layers shared by the model families."""

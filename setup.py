@@ -1,0 +1,42 @@
+"""fairseq-plugins: the classic NMT papers as a fairseq --user-dir plugin suite."""
+from setuptools import find_packages, setup
+
+CONSOLE_SCRIPTS = {
+    # name: module under fairseq_plugins.cli exposing main()
+    "fairseq-plugins-make-corpus": "make_corpus",
+    "fairseq-plugins-average": "average_checkpoints",
+    "fairseq-plugins-convert-transformer": "convert_transformer",
+    "fairseq-plugins-benchmark": "benchmark",
+    "fairseq-plugins-bleu-by-length": "bleu_by_length",
+    "fairseq-plugins-plot-alignment": "plot_alignment",
+    "fairseq-plugins-nounk-bleu": "nounk_bleu",
+    "fairseq-plugins-plot-curves": "plot_curves",
+    "fairseq-plugins-score": "score",
+    "fairseq-plugins-tokenize": "tokenize",
+}
+
+setup(
+    name="fairseq-plugins",
+    version="0.1.0",
+    description="RNNsearch, RNNencdec, seq2seq LSTM and the Transformer, exact to their papers, as fairseq plugins",
+    packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        # Upstream fairseq cannot be imported on Python >= 3.11; the fork can (same module).
+        'fairseq==0.12.2; python_version < "3.11"',
+        'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
+        # Users on GPU clusters bring their own CUDA build; tested on 2.5.1 and 2.13.0.
+        "torch>=1.13,<2.15",
+        "sentencepiece>=0.1.99",
+        "subword-nmt>=0.3.8",
+        "sacremoses>=0.0.53",
+        "sacrebleu>=2.3,<3",
+        "matplotlib>=3.5",
+    ],
+    extras_require={"test": ["pytest>=7"]},
+    entry_points={
+        "console_scripts": [
+            f"{name}=fairseq_plugins.cli.{module}:main" for name, module in CONSOLE_SCRIPTS.items()
+        ]
+    },
+)
