@@ -1,0 +1,29 @@
+"""The suite's errors: each message is one line naming the flag, file or value at fault.
+
+fairseq's command-line tools print them without a traceback (see ``install_excepthook``),
+so ``fairseq-train --user-dir fairseq_plugins ...`` ends with ``error: <message>``.
+"""
+import sys
+
+
+class PluginError(Exception):
+    """Base class: the message alone tells the user what to fix."""
+
+
+class ConfigError(PluginError, ValueError):
+    """A flag value the suite cannot build or run with."""
+
+
+class CheckpointError(PluginError, RuntimeError):
+    """A file that is not a loadable fairseq checkpoint."""
+
+
+def _excepthook(exc_type, exc, tb, _previous=sys.excepthook):
+    if issubclass(exc_type, PluginError):
+        print(f"error: {exc}", file=sys.stderr)
+    else:
+        _previous(exc_type, exc, tb)
+
+
+def install_excepthook():
+    sys.excepthook = _excepthook

@@ -1,0 +1,103 @@
+"""label_smoothed_xent against fairseq's label_smoothed_cross_entropy and the formula."""
+import math
+
+import pytest
+import torch
+from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from fairseq.data import Dictionary
+
+from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
+from fairseq_plugins.errors import ConfigError
+
+
+class Task:
+    def __init__(self, dictionary):
+        self.target_dictionary = dictionary
+
+
+class FixedLogits(torch.nn.Module):
+    """A 'model' that returns given logits, so both criteria see the same numbers."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, **net_input):
+        return self.logits, None
+
+    def get_normalized_probs(self, net_output, log_probs, sample=None):
+        return torch.log_softmax(net_output[0].float(), dim=-1)
+
+    def get_targets(self, sample, net_output):
+        return sample["target"]
+
+
+def make_batch(vocab=13, bsz=3, tgt_len=5, seed=0):
+    d = Dictionary()
+    for i in range(vocab - len(d)):
+        d.add_symbol(f"w{i}")
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randint(d.nspecial, len(d), (bsz, tgt_len), generator=g)
+    target[0, -2:] = d.pad()  # right-padded targets, as fairseq batches them
+    target[2, -1:] = d.pad()
+    logits = torch.randn(bsz, tgt_len, len(d), generator=g, requires_grad=True)
+    ntokens = int(target.ne(d.pad()).sum())
+    sample = {"net_input": {}, "target": target, "ntokens": ntokens}
+    return d, logits, sample
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_equals_fairseq_builtin(eps):
+    d, logits, sample = make_batch()
+    ours = LabelSmoothedXentCriterion(Task(d), label_smoothing=eps)
+    theirs = LabelSmoothedCrossEntropyCriterion(Task(d), sentence_avg=False, label_smoothing=eps)
+    loss, size, log = ours(FixedLogits(logits), sample)
+    ref_loss, ref_size, ref_log = theirs(FixedLogits(logits), sample)
+    assert size == ref_size == sample["ntokens"]
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(log["nll_loss"], ref_log["nll_loss"], rtol=1e-6, atol=1e-5)
+    # Gradients too: they are what training sees.
+    (g_ours,) = torch.autograd.grad(loss, logits)
+    (g_ref,) = torch.autograd.grad(ref_loss, logits)
+    torch.testing.assert_close(g_ours, g_ref)
+
+
+def test_formula_and_padding():
+    d, logits, sample = make_batch(seed=1)
+    eps = 0.1
+    loss, _, log = LabelSmoothedXentCriterion(Task(d), label_smoothing=eps)(FixedLogits(logits), sample)
+    lprobs = torch.log_softmax(logits.detach(), -1)
+    vocab = lprobs.size(-1)
+    expected_loss, expected_nll = 0.0, 0.0
+    for b in range(sample["target"].size(0)):
+        for t in range(sample["target"].size(1)):
+            y = int(sample["target"][b, t])
+            if y == d.pad():
+                continue
+            q = torch.full((vocab,), eps / (vocab - 1))
+            q[y] = 1 - eps
+            expected_loss += float(-(q * lprobs[b, t]).sum())
+            expected_nll += float(-lprobs[b, t, y])
+    assert math.isclose(float(loss), expected_loss, rel_tol=1e-5)
+    assert math.isclose(float(log["nll_loss"]), expected_nll, rel_tol=1e-5)
+
+
+def test_sums_over_batch_split():
+    """Two halves of a batch sum to the whole, so fairseq's normalisation by sample_size is exact."""
+    d, logits, sample = make_batch(bsz=4, seed=2)
+    crit = LabelSmoothedXentCriterion(Task(d), label_smoothing=0.1)
+    whole, n_whole, _ = crit(FixedLogits(logits), sample)
+    parts, n_parts = 0.0, 0
+    for rows in (slice(0, 1), slice(1, 4)):
+        target = sample["target"][rows]
+        part = {"net_input": {}, "target": target, "ntokens": int(target.ne(d.pad()).sum())}
+        loss, n, _ = crit(FixedLogits(logits[rows]), part)
+        parts, n_parts = parts + loss, n_parts + n
+    torch.testing.assert_close(whole, parts)
+    assert n_whole == n_parts
+
+
+def test_bad_epsilon_is_a_config_error():
+    d, _, _ = make_batch()
+    with pytest.raises(ConfigError, match="--label-smoothing 1.5"):
+        LabelSmoothedXentCriterion(Task(d), label_smoothing=1.5)
