@@ -52,7 +52,8 @@ TINY_BUILTIN_TRANSFORMER = [
 
 
 def train(data, save_dir, arch_args, max_update, extra=()):
-    cmd = ["fairseq-train", data, "--user-dir", USER_DIR, *arch_args, "--optimizer", "adam", "--lr", "0.002",
+    """fairseq-train with small defaults; ``arch_args`` and ``extra`` come last, so they override them."""
+    cmd = ["fairseq-train", data, "--user-dir", USER_DIR, "--optimizer", "adam", "--lr", "0.002",
            "--max-tokens", "1000", "--max-update", max_update, "--save-dir", save_dir, "--cpu", "--seed", "1",
-           "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", *extra]
+           "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", *arch_args, *extra]
     return run(cmd)

@@ -5,7 +5,7 @@
     fairseq-plugins-average --inputs a.pt b.pt c.pt --output avg.pt
 
 Checkpoints are read with fairseq's loader (weights-only, see ``fairseq_plugins.compat``)
-and written with fairseq's ``torch_persistent_save``, so ``fairseq-generate --path avg.pt``
+and written atomically with fairseq's ``torch_persistent_save``, so ``fairseq-generate --path avg.pt``
 loads the result. The output keeps the newest input's configuration and drops optimizer
 state (an average is evaluated, not resumed). On any error nothing is written.
 """
@@ -14,10 +14,7 @@ import os
 import re
 import sys
 
-import torch
-from fairseq import checkpoint_utils
-
-from fairseq_plugins.compat import load_state
+from fairseq_plugins.compat import load_state, save_state
 from fairseq_plugins.errors import PluginError
 
 EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
@@ -99,8 +96,7 @@ def main(argv=None):
         paths = resolve_inputs(args)
         print(f"averaging {len(paths)} checkpoints: {', '.join(paths)}", flush=True)
         state = average_states(paths)
-        # fairseq writes to a temporary name and renames, so the output is never half-written.
-        checkpoint_utils.torch_persistent_save(state, args.output)
+        save_state(state, args.output)
     except PluginError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

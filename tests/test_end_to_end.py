@@ -1,0 +1,139 @@
+"""The foundation through fairseq's own CLIs: preprocess, train, resume, generate, average, score.
+
+fairseq's built-in ``transformer`` is trained here with the suite's criterion and scheduler,
+so these tests do not depend on any model family of the suite.
+"""
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from fairseq_plugins.compat import load_state
+from helpers import TINY_BUILTIN_TRANSFORMER, USER_DIR, run, train
+
+pytestmark = pytest.mark.slow
+
+WARMUP, PEAK = 4, 0.002  # --lr of helpers.train
+SUITE_TRAINING = [*TINY_BUILTIN_TRANSFORMER, "--share-all-embeddings", "--criterion", "label_smoothed_xent",
+                  "--label-smoothing", "0.1", "--lr-scheduler", "inverse_sqrt_warmup", "--warmup-updates", str(WARMUP),
+                  "--save-interval-updates", "2", "--log-format", "json", "--max-tokens", "400"]
+
+
+def logged_updates(log):
+    """(num_updates, lr) of every json train_inner line."""
+    rows = []
+    for line in log.splitlines():
+        if "| train_inner |" in line:
+            record = json.loads(line.split("| train_inner |", 1)[1])
+            rows.append((int(record["num_updates"]), float(record["lr"])))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, data_bin):
+    save = str(tmp_path_factory.mktemp("ckpt"))
+    log = train(data_bin, save, SUITE_TRAINING, max_update=5)
+    return data_bin, save, log
+
+
+def test_train_logs_scheduler_and_criterion(run_dir):
+    _, save, log = run_dir
+    rows = logged_updates(log)
+    assert [n for n, _ in rows] == [1, 2, 3, 4, 5]
+    for num_updates, lr in rows:
+        t = num_updates + 1  # the rate logged after update n is the one for update n + 1
+        assert lr == pytest.approx(PEAK * min(t / WARMUP, math.sqrt(WARMUP / t)), rel=1e-3)
+    assert "nll_loss" in log and "ppl" in log
+    assert {"checkpoint_last.pt", "checkpoint_1_2.pt", "checkpoint_1_4.pt"} <= set(os.listdir(save))
+
+
+def test_resume_continues_update_count(run_dir, tmp_path):
+    data, save, _ = run_dir
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(save, resumed)
+    log = train(data, resumed, SUITE_TRAINING, max_update=7)
+    assert "@ 5 updates" in log  # fairseq's "loaded checkpoint ... (epoch E @ 5 updates)"
+    rows = logged_updates(log)
+    assert [n for n, _ in rows] == [6, 7]
+    assert rows[-1][1] == pytest.approx(PEAK * math.sqrt(WARMUP / 8), rel=1e-3)
+    assert load_state(os.path.join(resumed, "checkpoint_last.pt"))["optimizer_history"][-1]["num_updates"] == 7
+
+
+def test_generate_and_score(run_dir, tmp_path):
+    data, save, _ = run_dir
+    out = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", f"{save}/checkpoint_last.pt",
+               "--beam", "4", "--batch-size", "16", "--cpu", "--gen-subset", "test"])
+    hyps = [line for line in out.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 30
+    gen = tmp_path / "gen.txt"
+    gen.write_text(out)
+    score = run(["fairseq-plugins-score", "--gen", gen])
+    assert "BLEU" in score and "nrefs:1" in score  # sacrebleu's signature
+
+
+def test_average_is_the_mean_and_generates(run_dir, tmp_path):
+    data, save, _ = run_dir
+    avg = str(tmp_path / "avg.pt")
+    run(["fairseq-plugins-average", "--inputs", save, "--num-update-checkpoints", "2", "--output", avg])
+    a = load_state(f"{save}/checkpoint_1_2.pt")["model"]
+    b = load_state(f"{save}/checkpoint_1_4.pt")["model"]
+    averaged = load_state(avg)["model"]
+    assert set(averaged) == set(a)
+    for name in a:
+        torch.testing.assert_close(averaged[name], (a[name].double() + b[name].double()).div(2).to(a[name].dtype))
+    assert not torch.equal(a["encoder.layers.0.fc1.weight"], b["encoder.layers.0.fc1.weight"])
+    out = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", avg, "--beam", "2", "--cpu",
+               "--batch-size", "16", "--gen-subset", "valid"])
+    assert sum(line.startswith("H-") for line in out.splitlines()) == 30
+
+
+def average_fails(args, output):
+    proc = run(["fairseq-plugins-average", *args, "--output", output], check=False)
+    assert proc.returncode == 2, proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, proc.stdout
+    return lines[0]
+
+
+def test_average_refuses_bad_inputs_and_keeps_output(run_dir, tmp_path):
+    _, save, _ = run_dir
+    output = tmp_path / "avg.pt"
+    output.write_bytes(b"previous average")
+    assert "found 2" in average_fails(["--inputs", save, "--num-update-checkpoints", "3"], output)
+
+    not_ckpt = tmp_path / "notes.pt"
+    not_ckpt.write_text("hello\n")
+    assert str(not_ckpt) in average_fails(["--inputs", f"{save}/checkpoint_1_2.pt", str(not_ckpt)], output)
+
+    state = torch.load(f"{save}/checkpoint_1_2.pt", weights_only=False)
+    state["model"]["encoder.layers.0.fc1.weight"] = torch.zeros(8, 32)
+    other = tmp_path / "other_arch.pt"
+    torch.save(state, other)
+    message = average_fails(["--inputs", f"{save}/checkpoint_1_2.pt", str(other)], output)
+    assert str(other) in message and "encoder.layers.0.fc1.weight" in message
+    assert output.read_bytes() == b"previous average"
+
+
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_hostile_checkpoint_is_refused(run_dir, tmp_path):
+    data, save, _ = run_dir
+    marker = tmp_path / "code-ran"
+    state = torch.load(f"{save}/checkpoint_1_2.pt", weights_only=False)
+    state["extra_state"]["payload"] = RunsCode(marker)
+    evil = tmp_path / "evil.pt"
+    torch.save(state, evil)
+    proc = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", evil, "--cpu"], check=False)
+    assert proc.returncode != 0
+    assert f"error: {evil}: refused to load" in proc.stdout and "Traceback" not in proc.stdout
+    assert "refused to load" in average_fails(["--inputs", str(evil), f"{save}/checkpoint_1_2.pt"], tmp_path / "a.pt")
+    assert not marker.exists()
