@@ -16,6 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 import matplotlib  # noqa: E402
 
+from fairseq_plugins.errors import PluginError  # noqa: E402
+
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
@@ -23,7 +25,7 @@ GENERATE_LINE = re.compile(r"^([STHDA])-(\d+)\t(.*)$")
 HARD_LINK = re.compile(r"^(\d+)-(\d+)$")
 
 
-class CliError(Exception):
+class CliError(PluginError):
     """Bad input: the message names the flag, file or value at fault (one line)."""
 
 

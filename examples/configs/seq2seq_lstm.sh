@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Sequence to sequence deep LSTM (Sutskever et al., 2014, section 3.4) as fairseq-train flags.
+#
+#   examples/configs/seq2seq_lstm.sh DATA_BIN [more fairseq-train flags, which override these]
+#
+# Paper: 4 layers x 1000 cells, 1000-dim embeddings, uniform [-0.08, 0.08] init, source
+# reversed (the model's default; --no-reverse-source turns it off), plain SGD at lr 0.7,
+# halved every half epoch after 5 epochs (--lr-scheduler sutskever_halving), 7.5 epochs,
+# batches of 128 sentences, gradient norm clipped at 5 after dividing the cost by 128
+# (--sentence-avg). fairseq stops at whole epochs: to stop at 7.5 pass
+# --max-update 7.5 x (updates per epoch, logged at the end of epoch 1).
+# Vocabulary: 160k source / 80k target words (--nwordssrc 160000 --nwordstgt 80000 at
+# preprocessing, separate dictionaries).
+set -euo pipefail
+DATA=${1:?usage: $0 DATA_BIN [fairseq-train flags]}
+shift
+USER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../fairseq_plugins" && pwd)
+exec fairseq-train "$DATA" --user-dir "$USER_DIR" \
+    --arch seq2seq_lstm \
+    --optimizer sgd --lr 0.7 --momentum 0.0 \
+    --lr-scheduler sutskever_halving --halve-after-epochs 5 --halve-every-epochs 0.5 \
+    --max-epoch 8 \
+    --batch-size 128 --clip-norm 5 --sentence-avg \
+    --criterion cross_entropy \
+    --save-dir checkpoints/seq2seq_lstm \
+    "$@"

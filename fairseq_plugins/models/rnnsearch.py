@@ -1,0 +1,410 @@
+"""RNNsearch (Bahdanau, Cho & Bengio, ICLR 2015) and the RNNencdec baseline it is compared
+against (Cho et al., 2014a), as fairseq models ``rnnsearch`` and ``rnnencdec``.
+
+Both decoders are one class, :class:`ConditionalGRUDecoder`: ``s_0 = tanh(W_s ·)``, the
+conditional GRU, the maxout deep output and the softmax. They differ only in the context
+source module it is given: the additive alignment model over the annotations
+(:class:`AttentionContext`) or one fixed vector for the whole sentence
+(:class:`FixedContext`). Equations: ../shared/papers/README.md §1.
+
+The encoders' GRUs are the papers' GRU (reset gate before the recurrent matrix,
+:class:`fairseq_plugins.modules.conditional_gru.GRU`), not ``torch.nn.GRU``, which puts it
+after. Tensors are batch-first everywhere (``encoder_out`` included); shapes are in comments.
+"""
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.modules import FairseqDropout
+from torch import Tensor
+
+from fairseq_plugins.modules.additive_attention import AdditiveAttention
+from fairseq_plugins.modules.conditional_gru import GRU, ConditionalGRUCell
+from fairseq_plugins.modules.maxout import Maxout
+
+EncoderOut = Dict[str, List[Tensor]]
+Cache = Dict[str, Optional[Tensor]]
+
+
+def reorder_batch_first(encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+    """``reorder_encoder_out`` for encoders whose outputs are all batch-first."""
+    return {k: [t.index_select(0, new_order) for t in v] for k, v in encoder_out.items()}
+
+
+class BiGRUEncoder(FairseqEncoder):
+    """Bidirectional GRU over ``Ē x_j`` (one embedding shared by both directions).
+
+    ``encoder_out``: annotations ``h_j = [→h_j; ←h_j]`` (bsz, src_len, 2n), the padding
+    mask (bsz, src_len) and ``←h_1`` (bsz, n), the backward state at the first word.
+    """
+
+    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, max_source_positions):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.max_source_positions = max_source_positions
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, self.padding_idx)
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.layers = nn.ModuleList(
+            GRU(embed_dim if k == 0 else 2 * hidden_size, hidden_size, bidirectional=True)
+            for k in range(num_layers)
+        )
+        self.output_units = 2 * hidden_size
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
+        padding_mask = src_tokens.eq(self.padding_idx)  # (bsz, src_len)
+        h = self.dropout_module(self.embed_tokens(src_tokens))  # Ē x_j
+        for k, layer in enumerate(self.layers):
+            h, h_n = layer(self.dropout_module(h) if k > 0 else h, padding_mask)
+        return {
+            "encoder_out": [h],  # h_j = [→h_j; ←h_j]: (bsz, src_len, 2n)
+            "encoder_padding_mask": [padding_mask],
+            "backward_first": [h_n[1]],  # ←h_1 of the top layer: (bsz, n)
+        }
+
+    def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+        return reorder_batch_first(encoder_out, new_order)
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class GRUEncoder(FairseqEncoder):
+    """Cho et al. (2014a) encoder: a GRU whose last state summarises the source,
+    ``c = tanh(V h_T)``. ``encoder_out``: c (bsz, n)."""
+
+    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, max_source_positions):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.max_source_positions = max_source_positions
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, self.padding_idx)
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.layers = nn.ModuleList(
+            GRU(embed_dim if k == 0 else hidden_size, hidden_size) for k in range(num_layers)
+        )
+        self.V = nn.Linear(hidden_size, hidden_size)
+        self.output_units = hidden_size
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
+        padding_mask = src_tokens.eq(self.padding_idx)
+        h = self.dropout_module(self.embed_tokens(src_tokens))  # e(x_t)
+        for k, layer in enumerate(self.layers):
+            h, h_n = layer(self.dropout_module(h) if k > 0 else h, padding_mask)
+        c = torch.tanh(self.V(h_n[0]))  # c = tanh(V h_T), h_T of the top layer
+        return {"encoder_out": [c]}
+
+    def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+        return reorder_batch_first(encoder_out, new_order)
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class AttentionContext(nn.Module):
+    """RNNsearch's context source: ``c_i`` from the additive alignment model over the
+    annotations, ``x_0 = ←h_1`` for the initial state."""
+
+    def __init__(self, hidden_size: int, annotation_size: int, attention_hidden_size: int):
+        super().__init__()
+        self.attention = AdditiveAttention(hidden_size, annotation_size, attention_hidden_size)
+
+    def initial_input(self, encoder_out: EncoderOut) -> Tensor:
+        return encoder_out["backward_first"][0]  # ←h_1: (bsz, n)
+
+    def cache(self, encoder_out: EncoderOut, cell: ConditionalGRUCell) -> Dict[str, Tensor]:
+        h = encoder_out["encoder_out"][0]
+        return {
+            "h": h,  # (bsz, src_len, 2n)
+            "U_a_h": self.attention.project_annotations(h),  # U_a h_j once per sentence: (bsz, src_len, n')
+            "padding_mask": encoder_out["encoder_padding_mask"][0],
+        }
+
+    def step(self, s_prev: Tensor, cache: Cache, cell: ConditionalGRUCell):
+        """c_i (bsz, 2n), [C_z; C_r; C] c_i (bsz, 3n) and α_i (bsz, src_len) from s_{i-1}."""
+        c, alpha = self.attention(s_prev, cache["U_a_h"], cache["h"], cache["padding_mask"])
+        return c, cell.project_context(c), alpha
+
+
+class FixedContext(nn.Module):
+    """RNNencdec's context source: the encoder's summary c at every step (``C c`` computed
+    once per sentence) and ``x_0 = c`` (Cho et al.: ``h'_0 = tanh(V' c)``)."""
+
+    def initial_input(self, encoder_out: EncoderOut) -> Tensor:
+        return encoder_out["encoder_out"][0]  # c: (bsz, n)
+
+    def cache(self, encoder_out: EncoderOut, cell: ConditionalGRUCell) -> Dict[str, Tensor]:
+        c = encoder_out["encoder_out"][0]
+        return {"c": c, "C_c": cell.project_context(c)}  # (bsz, n), (bsz, 3n_dec)
+
+    def step(self, s_prev: Tensor, cache: Cache, cell: ConditionalGRUCell):
+        return cache["c"], cache["C_c"], None
+
+
+class ConditionalGRUDecoder(FairseqIncrementalDecoder):
+    """The decoder of both RNNsearch and RNNencdec (appendix A.2.2)::
+
+        s_0  = tanh(W_s x_0)                       x_0 = ←h_1 (RNNsearch) or c (RNNencdec)
+        s_i  = ConditionalGRU(E y_{i-1}, s_{i-1}, c_i)
+        t̃_i  = U_o s + V_o E y_{i-1} + C_o c_i      s = s_i (eq. 4) or s_{i-1} (appendix)
+        t_i  = maxout(t̃_i)
+        p(y_i | ·) = softmax(W_o t_i)
+
+    ``context`` (an :class:`AttentionContext` or a :class:`FixedContext`) is the only
+    difference between the two models. Per-sentence tensors (``s``, ``U_a h_j`` or ``C c``)
+    live in the incremental state; the deep output runs on all steps at once after the loop.
+    """
+
+    def __init__(
+        self, dictionary, embed_dim, hidden_size, context: nn.Module, context_size, init_size,
+        maxout_dim, dropout, deep_output_state, max_target_positions,
+    ):
+        super().__init__(dictionary)
+        self.max_target_positions = max_target_positions
+        self.use_previous_state = deep_output_state == "previous"
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, dictionary.pad())
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.context = context
+        self.W_s = nn.Linear(init_size, hidden_size)
+        self.cell = ConditionalGRUCell(embed_dim, hidden_size, context_size)
+        self.U_o = nn.Linear(hidden_size, 2 * maxout_dim)  # carries the deep output's bias
+        self.V_o = nn.Linear(embed_dim, 2 * maxout_dim, bias=False)
+        self.C_o = nn.Linear(context_size, 2 * maxout_dim, bias=False)
+        self.maxout = Maxout(2 * maxout_dim, pool_size=2)
+        self.W_o = nn.Linear(maxout_dim, len(dictionary))
+
+    def initial_cache(self, encoder_out: EncoderOut) -> Cache:
+        cache: Cache = {"s": torch.tanh(self.W_s(self.context.initial_input(encoder_out)))}  # s_0 = tanh(W_s x_0)
+        cache.update(self.context.cache(encoder_out, self.cell))
+        return cache
+
+    def forward(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None, **unused):
+        t, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        return self.output_layer(t), extra
+
+    def extract_features(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None):
+        """Returns the maxout outputs t (bsz, tgt_len, l) and ``{"attn": [α (bsz, tgt_len, src_len) or None]}``."""
+        cache = self.get_incremental_state(incremental_state, "cache") if incremental_state is not None else None
+        if cache is None:
+            cache = self.initial_cache(encoder_out)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+
+        Ey = self.dropout_module(self.embed_tokens(prev_output_tokens))  # E y_{i-1}: (bsz, tgt_len, m)
+        W_Ey = self.cell.project_input(Ey.transpose(0, 1))  # (tgt_len, bsz, 3n), all steps at once
+        s = cache["s"]
+        states: List[Tensor] = []
+        contexts: List[Tensor] = []
+        alphas: List[Optional[Tensor]] = []
+        for i in range(W_Ey.size(0)):
+            c, C_c, alpha = self.context.step(s, cache, self.cell)  # c_i, C c_i, α_i
+            s_prev = s
+            s = self.cell(W_Ey[i], C_c, s_prev)  # s_i
+            states.append(s_prev if self.use_previous_state else s)
+            contexts.append(c)
+            alphas.append(alpha)
+
+        t_tilde = (
+            self.U_o(torch.stack(states, dim=1))
+            + self.V_o(Ey)
+            + self.C_o(torch.stack(contexts, dim=1))
+        )  # t̃_i = U_o s + V_o E y_{i-1} + C_o c_i: (bsz, tgt_len, 2l)
+        t = self.dropout_module(self.maxout(t_tilde))  # t_i: (bsz, tgt_len, l)
+
+        if incremental_state is not None:
+            cache = dict(cache)
+            cache["s"] = s
+            self.set_incremental_state(incremental_state, "cache", cache)
+        attn = None if alphas[0] is None else torch.stack(alphas, dim=1)  # (bsz, tgt_len, src_len)
+        return t, {"attn": [attn]}
+
+    def output_layer(self, t: Tensor) -> Tensor:
+        return self.W_o(t)  # logits of p(y_i | ·) = softmax(W_o t_i)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        cache = self.get_incremental_state(incremental_state, "cache")
+        if cache is None:
+            return
+        reordered = {k: (None if v is None else v.index_select(0, new_order)) for k, v in cache.items()}
+        self.set_incremental_state(incremental_state, "cache", reordered)
+
+    def max_positions(self):
+        return self.max_target_positions
+
+
+def paper_init_(model: nn.Module) -> None:
+    """Appendix B.1 of Bahdanau et al.: recurrent matrices random orthogonal (each n × n
+    gate block); ``W_a`` and ``U_a`` from N(0, 0.001²); ``v_a`` and all biases zero; every
+    other weight matrix (embeddings included) from N(0, 0.01²)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.zero_()
+            elif name.endswith((".U_zr.weight", ".U.weight")):  # the GRUs' recurrent matrices
+                for block in p.view(-1, p.size(-1), p.size(-1)):  # each n × n gate block
+                    nn.init.orthogonal_(block)
+            elif name.endswith(("attention.W_a.weight", "attention.U_a.weight")):
+                p.normal_(0.0, 0.001)
+            elif name.endswith("attention.v_a.weight"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.01)
+        for module in model.modules():
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                module.weight[module.padding_idx].zero_()
+
+
+def add_gru_model_args(parser):
+    """Flags shared by ``rnnsearch`` and ``rnnencdec`` (names as fairseq's ``lstm``)."""
+    # fmt: off
+    parser.add_argument('--dropout', type=float, metavar='D',
+                        help='dropout on the source/target embeddings and the maxout output '
+                             '(the paper uses none)')
+    parser.add_argument('--encoder-embed-dim', type=int, metavar='N',
+                        help='source word embedding size (paper: m = 620)')
+    parser.add_argument('--encoder-hidden-size', type=int, metavar='N',
+                        help='encoder GRU size per direction (paper: n = 1000)')
+    parser.add_argument('--encoder-layers', type=int, metavar='N',
+                        help='stacked encoder GRU layers (paper: 1)')
+    parser.add_argument('--decoder-embed-dim', type=int, metavar='N',
+                        help='target word embedding size (paper: m = 620)')
+    parser.add_argument('--decoder-hidden-size', type=int, metavar='N',
+                        help='decoder GRU size (paper: n = 1000)')
+    parser.add_argument('--decoder-layers', type=int, metavar='N',
+                        help='decoder layers; the paper\'s decoder is one conditional GRU, so only 1')
+    parser.add_argument('--maxout-dim', type=int, metavar='N',
+                        help='maxout deep output size l; t̃ has 2l units (paper: l = 500)')
+    parser.add_argument('--deep-output-state', choices=['current', 'previous'],
+                        help='state in the deep output: s_i (eq. 4, default) or s_{i-1} (appendix A.2.2)')
+    parser.add_argument('--init', choices=['paper', 'pytorch'],
+                        help='paper: appendix B.1 initialisation (default); pytorch: PyTorch defaults')
+    # fmt: on
+
+
+def check_gru_model_args(args) -> None:
+    """One-line build-time errors for sizes the model cannot be built with."""
+    for flag in ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers", "decoder_embed_dim",
+                 "decoder_hidden_size", "maxout_dim", "attention_hidden_size"):
+        value = getattr(args, flag, 1)
+        if value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
+    if args.decoder_layers != 1:
+        raise ValueError(
+            f"--decoder-layers must be 1 (the paper's decoder is one conditional GRU), got {args.decoder_layers}"
+        )
+
+
+@register_model("rnnsearch")
+class RNNsearchModel(FairseqEncoderDecoderModel):
+    """RNNsearch: bidirectional GRU encoder, additive attention, conditional GRU decoder
+    with a maxout deep output (Bahdanau et al., 2015)."""
+
+    @staticmethod
+    def add_args(parser):
+        add_gru_model_args(parser)
+        parser.add_argument('--attention-hidden-size', type=int, metavar='N',
+                            help="alignment model hidden size n' (paper: 1000)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        rnnsearch_base(args)
+        check_gru_model_args(args)
+        encoder = BiGRUEncoder(
+            task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
+            args.encoder_layers, args.dropout, args.max_source_positions,
+        )
+        decoder = ConditionalGRUDecoder(
+            task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size,
+            context=AttentionContext(args.decoder_hidden_size, encoder.output_units, args.attention_hidden_size),
+            context_size=encoder.output_units, init_size=encoder.output_units // 2,
+            maxout_dim=args.maxout_dim, dropout=args.dropout, deep_output_state=args.deep_output_state,
+            max_target_positions=args.max_target_positions,
+        )
+        return cls.initialised(encoder, decoder, args)
+
+    @classmethod
+    def initialised(cls, encoder, decoder, args):
+        model = cls(encoder, decoder)
+        if args.init == "paper":
+            paper_init_(model)
+        return model
+
+
+@register_model("rnnencdec")
+class RNNencdecModel(RNNsearchModel):
+    """RNNencdec (Cho et al., 2014a, as trained by Bahdanau et al.): GRU encoder summarised
+    into one vector c, the same decoder and deep output conditioned on c at every step."""
+
+    @staticmethod
+    def add_args(parser):
+        add_gru_model_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        rnnencdec_base(args)
+        check_gru_model_args(args)
+        encoder = GRUEncoder(
+            task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
+            args.encoder_layers, args.dropout, args.max_source_positions,
+        )
+        decoder = ConditionalGRUDecoder(
+            task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size,
+            context=FixedContext(), context_size=encoder.output_units, init_size=encoder.output_units,
+            maxout_dim=args.maxout_dim, dropout=args.dropout, deep_output_state=args.deep_output_state,
+            max_target_positions=args.max_target_positions,
+        )
+        return cls.initialised(encoder, decoder, args)
+
+
+def _gru_defaults(args):
+    args.dropout = getattr(args, "dropout", 0.0)
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 620)
+    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", 1000)
+    args.encoder_layers = getattr(args, "encoder_layers", 1)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 620)
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", 1000)
+    args.decoder_layers = getattr(args, "decoder_layers", 1)
+    args.maxout_dim = getattr(args, "maxout_dim", 500)
+    args.deep_output_state = getattr(args, "deep_output_state", "current")
+    args.init = getattr(args, "init", "paper")
+    args.max_source_positions = getattr(args, "max_source_positions", 1024)
+    args.max_target_positions = getattr(args, "max_target_positions", 1024)
+
+
+@register_model_architecture("rnnsearch", "rnnsearch")
+def rnnsearch_base(args):
+    """Paper sizes: n = 1000, m = 620, l = 500, n' = 1000."""
+    args.attention_hidden_size = getattr(args, "attention_hidden_size", 1000)
+    _gru_defaults(args)
+
+
+@register_model_architecture("rnnsearch", "rnnsearch_tiny")
+def rnnsearch_tiny(args):
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
+    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", 64)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", 64)
+    args.attention_hidden_size = getattr(args, "attention_hidden_size", 64)
+    args.maxout_dim = getattr(args, "maxout_dim", 32)
+    rnnsearch_base(args)
+
+
+@register_model_architecture("rnnencdec", "rnnencdec")
+def rnnencdec_base(args):
+    """Paper sizes: n = 1000, m = 620, l = 500."""
+    _gru_defaults(args)
+
+
+@register_model_architecture("rnnencdec", "rnnencdec_tiny")
+def rnnencdec_tiny(args):
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
+    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", 64)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", 64)
+    args.maxout_dim = getattr(args, "maxout_dim", 32)
+    rnnencdec_base(args)

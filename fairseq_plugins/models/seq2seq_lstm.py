@@ -1,0 +1,216 @@
+"""Sequence to sequence learning with deep LSTMs (Sutskever, Vinyals & Le, NIPS 2014) as
+fairseq model ``seq2seq_lstm``: two different deep LSTMs, the encoder's final (h, c) of every
+layer initialise the decoder's, no attention, plain softmax, and the source fed reversed.
+Facts: ../shared/papers/README.md §3. Tensors are batch-first.
+"""
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.modules import FairseqDropout
+from torch import Tensor
+from torch.nn.utils.rnn import pack_padded_sequence
+
+EncoderOut = Dict[str, List[Tensor]]
+
+
+def run_packed(rnn: nn.Module, x: Tensor, padding_mask: Tensor):
+    """Run a ``batch_first`` ``nn.LSTM`` over the real tokens of each sentence only.
+
+    Padding may be on either side (fairseq left-pads sources): the real tokens are moved to
+    the front and packed, so a sentence's final state does not depend on its batch.
+
+    Args:
+        x: (bsz, len, C); padding_mask: (bsz, len), True at padding.
+
+    Returns:
+        the final state ``(h_n, c_n)``, each (layers, bsz, H).
+    """
+    lengths = (~padding_mask).sum(dim=1)  # (bsz,)
+    front = padding_mask.to(torch.uint8).argsort(dim=1, stable=True)  # real tokens first, in order
+    x_front = x.gather(1, front.unsqueeze(2).expand_as(x))
+    packed = pack_padded_sequence(x_front, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    _, final = rnn(packed)
+    return final
+
+
+def reverse_source_tokens(src_tokens: Tensor, pad: int, eos: int) -> Tensor:
+    """Reverse the words of each sentence, leaving the padding and the final EOS in place.
+
+    ``[pad pad a b c </s>]`` -> ``[pad pad c b a </s>]`` (either padding side). Returns a
+    new tensor; ``src_tokens`` is not modified.
+    """
+    words = src_tokens.ne(pad) & src_tokens.ne(eos)  # (bsz, len)
+    n = words.sum(dim=1, keepdim=True)  # words per sentence
+    first = words.to(torch.uint8).argmax(dim=1, keepdim=True)  # position of the first word
+    positions = torch.arange(src_tokens.size(1), device=src_tokens.device).unsqueeze(0)
+    mirrored = 2 * first + n - 1 - positions  # the k-th word <- the (n-1-k)-th word
+    return src_tokens.gather(1, torch.where(words, mirrored, positions))
+
+
+class LSTMEncoder(FairseqEncoder):
+    """Deep LSTM reading the (reversed) source; ``encoder_out`` holds its final (h, c)."""
+
+    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, reverse_source,
+                 max_source_positions):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.eos_idx = dictionary.eos()
+        self.reverse_source = reverse_source
+        self.max_source_positions = max_source_positions
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, self.padding_idx)
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.rnn = nn.LSTM(embed_dim, hidden_size, num_layers, batch_first=True,
+                           dropout=dropout if num_layers > 1 else 0.0)
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
+        if self.reverse_source:
+            src_tokens = reverse_source_tokens(src_tokens, self.padding_idx, self.eos_idx)
+        padding_mask = src_tokens.eq(self.padding_idx)
+        x = self.dropout_module(self.embed_tokens(src_tokens))  # (bsz, src_len, d)
+        h_n, c_n = run_packed(self.rnn, x, padding_mask)  # (layers, bsz, H) each
+        # batch-first so that reordering is one index_select(0) for every entry
+        return {"encoder_h": [h_n.transpose(0, 1)], "encoder_c": [c_n.transpose(0, 1)]}
+
+    def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+        return {k: [t.index_select(0, new_order) for t in v] for k, v in encoder_out.items()}
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class LSTMDecoder(FairseqIncrementalDecoder):
+    """Deep LSTM language model over the target, started from the encoder's final (h, c);
+    teacher forcing runs the fused ``nn.LSTM`` over the whole target at once."""
+
+    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, max_target_positions):
+        super().__init__(dictionary)
+        self.max_target_positions = max_target_positions
+        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, dictionary.pad())
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        self.rnn = nn.LSTM(embed_dim, hidden_size, num_layers, batch_first=True,
+                           dropout=dropout if num_layers > 1 else 0.0)
+        self.fc_out = nn.Linear(hidden_size, len(dictionary))
+
+    def forward(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None, **unused):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        return self.output_layer(x), extra
+
+    def extract_features(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None):
+        state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
+        if state is None:
+            state = {"h": encoder_out["encoder_h"][0], "c": encoder_out["encoder_c"][0]}  # (bsz, layers, H)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+        x = self.dropout_module(self.embed_tokens(prev_output_tokens))  # (bsz, tgt_len, d)
+        h0 = state["h"].transpose(0, 1).contiguous()  # (layers, bsz, H)
+        c0 = state["c"].transpose(0, 1).contiguous()
+        x, (h_n, c_n) = self.rnn(x, (h0, c0))
+        if incremental_state is not None:
+            self.set_incremental_state(
+                incremental_state, "state", {"h": h_n.transpose(0, 1), "c": c_n.transpose(0, 1)}
+            )
+        return self.dropout_module(x), {"attn": [None]}
+
+    def output_layer(self, x: Tensor) -> Tensor:
+        return self.fc_out(x)  # plain softmax over the target vocabulary
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        state = self.get_incremental_state(incremental_state, "state")
+        if state is None:
+            return
+        reordered = {k: v.index_select(0, new_order) for k, v in state.items()}
+        self.set_incremental_state(incremental_state, "state", reordered)
+
+    def max_positions(self):
+        return self.max_target_positions
+
+
+@register_model("seq2seq_lstm")
+class Seq2SeqLSTMModel(FairseqEncoderDecoderModel):
+    """Sutskever et al. (2014): deep LSTM encoder-decoder, source reversed, no attention."""
+
+    @staticmethod
+    def add_args(parser):
+        # fmt: off
+        parser.add_argument('--dropout', type=float, metavar='D',
+                            help='dropout on embeddings, between layers and on the top layer (paper: none)')
+        parser.add_argument('--encoder-embed-dim', type=int, metavar='N',
+                            help='source embedding size (paper: 1000)')
+        parser.add_argument('--encoder-hidden-size', type=int, metavar='N',
+                            help='encoder LSTM cells per layer (paper: 1000)')
+        parser.add_argument('--encoder-layers', type=int, metavar='N',
+                            help='encoder LSTM layers (paper: 4)')
+        parser.add_argument('--decoder-embed-dim', type=int, metavar='N',
+                            help='target embedding size (paper: 1000)')
+        parser.add_argument('--decoder-hidden-size', type=int, metavar='N',
+                            help='decoder LSTM cells per layer; must equal --encoder-hidden-size')
+        parser.add_argument('--decoder-layers', type=int, metavar='N',
+                            help='decoder LSTM layers; must equal --encoder-layers')
+        parser.add_argument('--reverse-source', dest='reverse_source', action='store_true',
+                            help='feed the source words reversed, padding and EOS in place (default, as in the paper)')
+        parser.add_argument('--no-reverse-source', dest='reverse_source', action='store_false',
+                            help='feed the source in its natural order')
+        parser.add_argument('--init', choices=['paper', 'pytorch'],
+                            help='paper: every parameter uniform in [-0.08, 0.08] (default); pytorch: PyTorch defaults')
+        # fmt: on
+
+    @classmethod
+    def build_model(cls, args, task):
+        seq2seq_lstm_base(args)
+        for flag in ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers",
+                     "decoder_embed_dim", "decoder_hidden_size", "decoder_layers"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
+        if (args.encoder_layers, args.encoder_hidden_size) != (args.decoder_layers, args.decoder_hidden_size):
+            raise ValueError(
+                "--encoder-layers/--encoder-hidden-size must equal --decoder-layers/--decoder-hidden-size "
+                "(the encoder's final states initialise the decoder's), got "
+                f"{args.encoder_layers}x{args.encoder_hidden_size} vs {args.decoder_layers}x{args.decoder_hidden_size}"
+            )
+        encoder = LSTMEncoder(
+            task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size, args.encoder_layers,
+            args.dropout, args.reverse_source, args.max_source_positions,
+        )
+        decoder = LSTMDecoder(
+            task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size, args.decoder_layers,
+            args.dropout, args.max_target_positions,
+        )
+        model = cls(encoder, decoder)
+        if args.init == "paper":
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.uniform_(-0.08, 0.08)  # "initialized ... uniform distribution between -0.08 and 0.08"
+        return model
+
+
+@register_model_architecture("seq2seq_lstm", "seq2seq_lstm")
+def seq2seq_lstm_base(args):
+    """Paper sizes: 4 layers of 1000 cells, 1000-dim embeddings."""
+    args.dropout = getattr(args, "dropout", 0.0)
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1000)
+    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", 1000)
+    args.encoder_layers = getattr(args, "encoder_layers", 4)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 1000)
+    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", args.encoder_hidden_size)
+    args.decoder_layers = getattr(args, "decoder_layers", args.encoder_layers)
+    args.reverse_source = getattr(args, "reverse_source", True)
+    args.init = getattr(args, "init", "paper")
+    args.max_source_positions = getattr(args, "max_source_positions", 1024)
+    args.max_target_positions = getattr(args, "max_target_positions", 1024)
+
+
+@register_model_architecture("seq2seq_lstm", "seq2seq_lstm_tiny")
+def seq2seq_lstm_tiny(args):
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
+    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", 64)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
+    seq2seq_lstm_base(args)

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# README command #2: the whole test suite (creates the virtualenv first if needed).
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+exec "${VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -1,0 +1,405 @@
+"""RNNsearch, RNNencdec and seq2seq_lstm: the papers' equations recomputed step by step,
+initialisation, padding invariance, incremental decoding, alignments, source reversal,
+build errors and the halving LR schedule."""
+import argparse
+import math
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+import fairseq_plugins  # noqa: F401  (registers the models)
+from fairseq_plugins.models.seq2seq_lstm import reverse_source_tokens
+from fairseq_plugins.modules.additive_attention import AdditiveAttention
+from fairseq_plugins.modules.maxout import Maxout
+
+DICT = Dictionary()
+for _w in range(20):
+    DICT.add_symbol(f"w{_w}")
+PAD, EOS = DICT.pad(), DICT.eos()
+TINY = {"encoder_embed_dim": 5, "encoder_hidden_size": 6, "decoder_embed_dim": 4,
+        "decoder_hidden_size": 7, "attention_hidden_size": 8, "maxout_dim": 3}
+
+
+class Task:
+    source_dictionary = DICT
+    target_dictionary = DICT
+
+
+def build(arch, randomize=True, std=0.5, **overrides):
+    """A model on the 24-symbol dictionary; ``randomize`` draws every parameter from N(0, std²)
+    so that no term of an equation is hidden by near-zero init."""
+    args = argparse.Namespace(arch=arch, **overrides)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, Task)
+    if randomize:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, std)
+    return model.eval()
+
+
+def sentences(lengths, seed=1):
+    """Left-padded batch of random sentences ending in EOS, as fairseq feeds sources."""
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    src = torch.full((len(lengths), T), PAD)
+    for b, n in enumerate(lengths):
+        src[b, T - n:] = torch.cat([torch.randint(4, len(DICT), (n - 1,), generator=g), torch.tensor([EOS])])
+    return src
+
+
+def targets(bsz, length, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([torch.full((bsz, 1), EOS), torch.randint(4, len(DICT), (bsz, length - 1), generator=g)], 1)
+
+
+# ---------------------------------------------------------------- reference formulas
+
+
+def ref_gru(x, W, b, U_z, U_r, U):
+    """The paper's GRU over one sentence x (len, m); W (3n × m) rows [z; r; candidate]."""
+    n = U.size(0)
+    W_z, W_r, W_h = W[:n], W[n:2 * n], W[2 * n:]
+    b_z, b_r, b_h = b[:n], b[n:2 * n], b[2 * n:]
+    h, out = torch.zeros(n), []
+    for x_j in x:
+        z = torch.sigmoid(W_z @ x_j + b_z + U_z @ h)
+        r = torch.sigmoid(W_r @ x_j + b_r + U_r @ h)
+        h_tilde = torch.tanh(W_h @ x_j + b_h + U @ (r * h))
+        h = (1 - z) * h + z * h_tilde
+        out.append(h)
+    return torch.stack(out)
+
+
+def ref_encoder_gru(layer, x, d):
+    """Direction d of a plugin ``GRU`` layer recomputed with ``ref_gru`` (backward reads reversed)."""
+    n = layer.hidden_size
+    W = layer.W.weight.view(layer.directions, 3 * n, -1)[d]
+    b = layer.W.bias.view(layer.directions, 3 * n)[d]
+    U_zr = layer.U_zr.weight[d]
+    args = (W, b, U_zr[:n], U_zr[n:], layer.U.weight[d])
+    return ref_gru(x, *args) if d == 0 else ref_gru(x.flip(0), *args).flip(0)
+
+
+def ref_decoder(dec, s0, contexts_fn, y_prev, use_previous):
+    """Step-by-step decoder of one sentence: returns logits (tgt_len, V) and the α rows."""
+    n = dec.W_s.out_features
+    cell = dec.cell
+    W, b, C = cell.W.weight, cell.W.bias, cell.C.weight
+    U_z, U_r, U = cell.U_zr.weight[:n], cell.U_zr.weight[n:], cell.U.weight
+    s, logits, alphas = s0, [], []
+    for y in y_prev:
+        Ey = dec.embed_tokens.weight[y]
+        c, alpha = contexts_fn(s)
+        z = torch.sigmoid(W[:n] @ Ey + b[:n] + U_z @ s + C[:n] @ c)
+        r = torch.sigmoid(W[n:2 * n] @ Ey + b[n:2 * n] + U_r @ s + C[n:2 * n] @ c)
+        s_tilde = torch.tanh(W[2 * n:] @ Ey + b[2 * n:] + U @ (r * s) + C[2 * n:] @ c)
+        s_new = (1 - z) * s + z * s_tilde
+        s_out = s if use_previous else s_new
+        t_tilde = dec.U_o.weight @ s_out + dec.U_o.bias + dec.V_o.weight @ Ey + dec.C_o.weight @ c
+        t = torch.stack([torch.max(t_tilde[2 * k], t_tilde[2 * k + 1]) for k in range(len(t_tilde) // 2)])
+        logits.append(dec.W_o.weight @ t + dec.W_o.bias)
+        alphas.append(alpha)
+        s = s_new
+    return torch.stack(logits), alphas
+
+
+def ref_attention(att, s_prev, h):
+    """e_j = v_aᵀ tanh(W_a s_{i-1} + U_a h_j + b_a) over the real annotations h (len, 2n) only."""
+    e = torch.stack([
+        att.v_a.weight[0] @ torch.tanh(att.W_a.weight @ s_prev + att.U_a.weight @ h_j + att.U_a.bias) for h_j in h
+    ])
+    alpha = torch.exp(e) / torch.exp(e).sum()
+    return (alpha.unsqueeze(1) * h).sum(0), alpha
+
+
+# ---------------------------------------------------------------- equations
+
+
+def test_bigru_encoder_and_initial_state_follow_the_paper():
+    model = build("rnnsearch_tiny", **TINY)
+    src = sentences([4, 6, 2])
+    out = model.encoder(src)
+    layer = model.encoder.layers[0]
+    for b in range(src.size(0)):
+        real = src[b].ne(PAD)
+        x = model.encoder.embed_tokens.weight[src[b][real]]  # Ē x_j
+        h_ref = torch.cat([ref_encoder_gru(layer, x, 0), ref_encoder_gru(layer, x, 1)], dim=1)  # [→h_j; ←h_j]
+        torch.testing.assert_close(out["encoder_out"][0][b][real], h_ref, atol=1e-6, rtol=1e-5)
+        assert out["encoder_out"][0][b][~real].abs().max() == 0 if (~real).any() else True
+        back_first = h_ref[0, layer.hidden_size:]  # ←h_1
+        torch.testing.assert_close(out["backward_first"][0][b], back_first, atol=1e-6, rtol=1e-5)
+        s0 = model.decoder.initial_cache(out)["s"][b]
+        W_s = model.decoder.W_s
+        torch.testing.assert_close(s0, torch.tanh(W_s.weight @ back_first + W_s.bias), atol=1e-6, rtol=1e-5)
+
+
+def test_additive_attention_follows_the_paper_and_ignores_padding():
+    torch.manual_seed(3)
+    att = AdditiveAttention(query_size=4, annotation_size=6, hidden_size=5)
+    with torch.no_grad():
+        for p in att.parameters():
+            p.normal_(0, 0.7)
+    h = torch.randn(2, 5, 6)
+    mask = torch.tensor([[True, True, False, False, False], [False] * 5])
+    s_prev = torch.randn(2, 4)
+    c, alpha = att(s_prev, att.project_annotations(h), h, mask)
+    for b in range(2):
+        c_ref, alpha_ref = ref_attention(att, s_prev[b], h[b][~mask[b]])
+        torch.testing.assert_close(c[b], c_ref, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(alpha[b][~mask[b]], alpha_ref, atol=1e-6, rtol=1e-5)
+    assert alpha[mask].abs().max() == 0
+    torch.testing.assert_close(alpha.sum(1), torch.ones(2))
+
+
+@pytest.mark.parametrize("deep_output_state", ["current", "previous"])
+def test_rnnsearch_decoder_follows_the_paper(deep_output_state):
+    model = build("rnnsearch_tiny", deep_output_state=deep_output_state, **TINY)
+    src, prev = sentences([3, 5]), targets(2, 4)
+    logits, extra = model(src, None, prev)
+    enc = model.encoder(src)
+    s0 = model.decoder.initial_cache(enc)["s"]
+    att = model.decoder.context.attention
+    for b in range(2):
+        real = src[b].ne(PAD)
+        h = enc["encoder_out"][0][b][real]
+        ref_logits, ref_alpha = ref_decoder(model.decoder, s0[b], lambda s: ref_attention(att, s, h), prev[b],
+                                            deep_output_state == "previous")
+        torch.testing.assert_close(logits[b], ref_logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(extra["attn"][0][b][:, real], torch.stack(ref_alpha), atol=1e-6, rtol=1e-5)
+
+
+def test_the_two_deep_output_options_differ():
+    src, prev = sentences([3, 5]), targets(2, 4)
+    current = build("rnnsearch_tiny", deep_output_state="current", **TINY)(src, None, prev)[0]
+    previous = build("rnnsearch_tiny", deep_output_state="previous", **TINY)(src, None, prev)[0]
+    assert (current - previous).abs().max() > 1e-3
+
+
+def test_rnnencdec_follows_cho_et_al():
+    model = build("rnnencdec_tiny", **TINY)
+    src, prev = sentences([3, 5]), targets(2, 4)
+    logits, extra = model(src, None, prev)
+    assert extra["attn"][0] is None
+    enc, V, W_s = model.encoder, model.encoder.V, model.decoder.W_s
+    for b in range(2):
+        real = src[b].ne(PAD)
+        h_T = ref_encoder_gru(enc.layers[0], enc.embed_tokens.weight[src[b][real]], 0)[-1]
+        c = torch.tanh(V.weight @ h_T + V.bias)  # c = tanh(V h_T)
+        s0 = torch.tanh(W_s.weight @ c + W_s.bias)  # h'_0 = tanh(V' c)
+        ref_logits, _ = ref_decoder(model.decoder, s0, lambda s: (c, None), prev[b], False)
+        torch.testing.assert_close(logits[b], ref_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_rnnencdec_shares_the_rnnsearch_decoder_code():
+    search, encdec = build("rnnsearch_tiny"), build("rnnencdec_tiny")
+    assert type(search.decoder) is type(encdec.decoder)
+    for name in ("cell", "maxout", "U_o", "V_o", "C_o", "W_o", "W_s"):
+        assert type(getattr(search.decoder, name)) is type(getattr(encdec.decoder, name))
+    assert type(search.decoder.context) is not type(encdec.decoder.context)
+    assert type(search.encoder.layers[0]) is type(encdec.encoder.layers[0])
+
+
+def test_maxout_takes_the_max_of_consecutive_pairs():
+    t_tilde = torch.tensor([[1.0, 5.0, -2.0, -3.0, 0.5, 0.25]])
+    assert Maxout(6, 2)(t_tilde).tolist() == [[5.0, -2.0, 0.5]]
+
+
+# ---------------------------------------------------------------- initialisation
+
+
+def test_paper_initialisation_statistics():
+    sizes = dict(encoder_embed_dim=40, encoder_hidden_size=50, decoder_embed_dim=40, decoder_hidden_size=60,
+                 attention_hidden_size=70, maxout_dim=30)
+    model = build("rnnsearch_tiny", randomize=False, **sizes)
+    params = dict(model.named_parameters())
+    recurrent = [k for k in params if k.endswith((".U_zr.weight", ".U.weight"))]
+    assert len(recurrent) == 4  # encoder and decoder U_zr, U
+    for name in recurrent:
+        for block in params[name].view(-1, params[name].size(-1), params[name].size(-1)):
+            torch.testing.assert_close(block @ block.t(), torch.eye(block.size(0)), atol=1e-5, rtol=0)
+    for name in ("decoder.context.attention.W_a.weight", "decoder.context.attention.U_a.weight"):
+        assert abs(params[name].std().item() - 0.001) < 0.0002, name
+    assert params["decoder.context.attention.v_a.weight"].abs().max() == 0
+    for name, p in params.items():
+        if name.endswith(".bias"):
+            assert p.abs().max() == 0, name
+    others = [k for k in params if not k.endswith(".bias") and k not in recurrent and ".attention." not in k]
+    assert len(others) >= 9
+    for name in others:
+        assert abs(params[name].std().item() - 0.01) < 0.002, name
+    for emb in (model.encoder.embed_tokens, model.decoder.embed_tokens):
+        assert emb.weight[PAD].abs().max() == 0
+    pytorch = build("rnnsearch_tiny", randomize=False, init="pytorch", **sizes)
+    assert pytorch.decoder.cell.W.bias.abs().max() > 0  # PyTorch defaults are not the paper's
+
+
+def test_seq2seq_paper_initialisation_is_uniform_008():
+    model = build("seq2seq_lstm_tiny", randomize=False, encoder_hidden_size=100, decoder_hidden_size=100)
+    flat = torch.cat([p.flatten() for p in model.parameters()])
+    assert flat.abs().max() <= 0.08
+    assert abs(flat.std().item() - 0.08 / math.sqrt(3)) < 0.002  # std of U(-a, a) is a/√3
+
+
+# ---------------------------------------------------------------- padding, incremental, alignment
+
+ARCHS = ["rnnsearch_tiny", "rnnencdec_tiny", "seq2seq_lstm_tiny"]
+
+
+def log_probs(model, src, prev):
+    return model.get_normalized_probs(model(src, None, prev), log_probs=True)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_padding_does_not_change_a_sentence(arch):
+    model = build(arch)
+    batch = sentences([9, 4, 7])
+    alone = batch[1:2, batch[1].ne(PAD)]  # the 4-token sentence without padding
+    prev = targets(3, 5)
+    enc_batch, enc_alone = model.encoder(batch), model.encoder(alone)
+    for key, values in enc_alone.items():
+        if values[0].dtype == torch.bool:
+            continue
+        got = enc_batch[key][0][1:2]
+        if got.dim() == 3 and key == "encoder_out":  # annotations: compare real positions
+            got = got[:, batch[1].ne(PAD)]
+        torch.testing.assert_close(got, values[0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(log_probs(model, batch, prev)[1:2], log_probs(model, alone, prev[1:2]),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_incremental_decoding_with_beam_reordering_equals_teacher_forcing(arch):
+    model = build(arch, std=0.2)  # log-probs of order 1, where 1e-5 is meaningful in fp32
+    src = sentences([6, 3])
+    beam = 3
+    idx = torch.arange(2).repeat_interleave(beam)  # row -> source sentence
+    enc = model.encoder.reorder_encoder_out(model.encoder(src), idx)
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.full((2 * beam, 1), EOS)
+    incremental_state, steps = {}, []
+    for step in range(5):
+        out = model.decoder(tokens, encoder_out=enc, incremental_state=incremental_state)
+        steps.append(model.get_normalized_probs(out, log_probs=True)[:, -1])
+        if arch == "rnnsearch_tiny":
+            assert out[1]["attn"][0].shape == (2 * beam, 1, src.size(1))
+        # beam search: rows swap places within their sentence, then each extends by a token
+        order = torch.cat([b * beam + torch.randperm(beam, generator=g) for b in range(2)])
+        model.decoder.reorder_incremental_state_scripting(incremental_state, order)
+        enc = model.encoder.reorder_encoder_out(enc, order)
+        idx, tokens = idx[order], tokens[order]
+        steps = [s[order] for s in steps]
+        tokens = torch.cat([tokens, torch.randint(4, len(DICT), (2 * beam, 1), generator=g)], dim=1)
+    full = log_probs(model, src[idx], tokens[:, :-1])
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_alignments_have_target_by_source_shape_sum_to_one_and_skip_padding():
+    model = build("rnnsearch_tiny")
+    src, prev = sentences([7, 3, 5]), targets(3, 4)
+    attn = model(src, None, prev)[1]["attn"][0]
+    assert attn.shape == (3, 4, 7)
+    torch.testing.assert_close(attn.sum(dim=2), torch.ones(3, 4))
+    assert attn.masked_select(src.eq(PAD).unsqueeze(1).expand_as(attn)).abs().max() == 0
+
+
+# ---------------------------------------------------------------- reverse source
+
+
+def test_reverse_source_reverses_words_only():
+    src = torch.tensor([[PAD, PAD, 4, 5, 6, EOS], [7, 8, 9, 10, 11, EOS], [PAD, PAD, PAD, PAD, 12, EOS],
+                        [PAD, PAD, PAD, PAD, PAD, EOS]])
+    before = src.clone()
+    expected = torch.tensor([[PAD, PAD, 6, 5, 4, EOS], [11, 10, 9, 8, 7, EOS], [PAD, PAD, PAD, PAD, 12, EOS],
+                             [PAD, PAD, PAD, PAD, PAD, EOS]])
+    assert torch.equal(reverse_source_tokens(src, PAD, EOS), expected)
+    assert torch.equal(src, before)
+    right = torch.tensor([[4, 5, 6, EOS, PAD]])
+    assert reverse_source_tokens(right, PAD, EOS).tolist() == [[6, 5, 4, EOS, PAD]]
+
+
+def test_seq2seq_encoder_reads_the_reversed_source_and_leaves_the_input_alone():
+    reversing = build("seq2seq_lstm_tiny")
+    plain = build("seq2seq_lstm_tiny", reverse_source=False)
+    plain.load_state_dict(reversing.state_dict())
+    src = sentences([6, 3])
+    before = src.clone()
+    got = reversing.encoder(src)
+    assert torch.equal(src, before)
+    want = plain.encoder(reverse_source_tokens(src, PAD, EOS))
+    torch.testing.assert_close(got["encoder_h"][0], want["encoder_h"][0])
+    assert (got["encoder_h"][0] - plain.encoder(src)["encoder_h"][0]).abs().max() > 1e-3
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("arch,overrides,flag", [
+    ("rnnsearch_tiny", {"maxout_dim": 0}, "--maxout-dim"),
+    ("rnnencdec_tiny", {"maxout_dim": -2}, "--maxout-dim"),
+    ("rnnsearch_tiny", {"decoder_layers": 2}, "--decoder-layers"),
+    ("rnnsearch_tiny", {"attention_hidden_size": 0}, "--attention-hidden-size"),
+    ("seq2seq_lstm_tiny", {"decoder_layers": 3}, "--decoder-layers"),
+])
+def test_bad_sizes_fail_at_build_time_with_one_line(arch, overrides, flag):
+    with pytest.raises(ValueError) as err:
+        build(arch, **overrides)
+    assert flag in str(err.value) and "\n" not in str(err.value)
+
+
+def test_maxout_rejects_an_input_size_that_is_not_a_multiple_of_the_pool():
+    with pytest.raises(ValueError, match="maxout input size 5 is not a positive multiple of the pool size 2"):
+        Maxout(5, 2)
+
+
+# ---------------------------------------------------------------- halving schedule
+
+
+def make_halving(lr=0.7, **cfg):
+    from fairseq.optim.lr_scheduler import build_lr_scheduler
+    from fairseq.optim.sgd import SGD
+    from omegaconf import OmegaConf
+
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    opt = SGD(OmegaConf.create({"lr": [lr], "momentum": 0.0, "weight_decay": 0.0}), params)
+    conf = {"_name": "sutskever_halving", "halve_after_epochs": 5.0, "halve_every_epochs": 0.5,
+            "updates_per_epoch": 0, "lr": [lr]}
+    conf.update(cfg)
+    return build_lr_scheduler(OmegaConf.create(conf), opt), opt
+
+
+def expected_lr(u, U, lr=0.7):
+    """Paper: lr fixed for 5 epochs, then halved every half epoch (at 5, 5.5, 6, ...)."""
+    epochs = u / U
+    return lr if epochs < 5 else lr * 0.5 ** (math.floor((epochs - 5) / 0.5) + 1)
+
+
+@pytest.mark.parametrize("given", [0, 40])
+def test_halving_schedule_follows_the_formula(given):
+    U = 40
+    sched, opt = make_halving(updates_per_epoch=given)
+    seen, u = {}, 0
+    for epoch in range(1, 9):  # what fairseq's trainer calls, in its order
+        sched.step_begin_epoch(epoch)
+        sched.step_update(u)
+        for _ in range(U):
+            u += 1
+            sched.step_update(u)
+            seen[u] = opt.get_lr()
+        sched.step(epoch)
+    for u, lr in seen.items():
+        assert lr == pytest.approx(expected_lr(u, U)), u
+    assert seen[199] == 0.7 and seen[200] == 0.35 and seen[220] == 0.175 and seen[300] == 0.7 / 2 ** 6
+    state = sched.state_dict()
+    resumed, opt2 = make_halving()
+    resumed.load_state_dict(state)
+    resumed.step_update(230)
+    assert opt2.get_lr() == pytest.approx(expected_lr(230, U))
+
+
+def test_halving_schedule_needs_updates_per_epoch_to_halve_in_the_first_epoch():
+    with pytest.raises(ValueError, match="--updates-per-epoch"):
+        make_halving(halve_after_epochs=0.5)
