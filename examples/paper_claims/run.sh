@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Reproduce the papers' claims at small scale (about 45 minutes on 2 cores with the defaults).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bash scripts/setup_env.sh
+exec "${VENV:-.venv}/bin/python" examples/paper_claims/run.py "$@"

@@ -1,0 +1,138 @@
+"""Small experiment driver shared by the quickstart and the paper-claims experiment.
+
+Each step runs fairseq's (or the suite's) command-line tool in a subprocess, keeps its log
+next to its output, and is skipped when that output already exists, so an interrupted run
+continues where it stopped.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import sacrebleu
+
+from fairseq_plugins.cli._io import read_generate
+from fairseq_plugins.cli.average_checkpoints import UPDATE_PATTERN
+
+USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def say(message):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run(cmd, log_path=None, echo=()):
+    """Run a CLI; keep its output in ``log_path``; echo the lines that contain one of ``echo``."""
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    log = open(log_path, "w") if log_path else None
+    proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    tail = []
+    for line in proc.stdout:
+        if log:
+            log.write(line)
+        tail = (tail + [line])[-20:]
+        if any(marker in line for marker in echo):
+            print("    " + line.rstrip().split(" | ", 2)[-1], flush=True)
+    if log:
+        log.close()
+    if proc.wait() != 0:
+        sys.exit(f"error: {cmd[0]} failed (exit {proc.returncode}); last lines:\n{''.join(tail)}")
+
+
+def make_corpus(raw, **flags):
+    if not os.path.exists(os.path.join(raw, "test.tgt")):
+        say(f"generating the embedded corpus in {raw}")
+        cmd = [sys.executable, "-m", "fairseq_plugins.cli.make_corpus", "--out", raw]
+        for key, value in flags.items():
+            cmd += ["--" + key.replace("_", "-"), value]
+        run(cmd)
+    return raw
+
+
+def preprocess(raw, data, trainpref=None, dictionaries_from=None):
+    """fairseq-preprocess with a joined dictionary, or the dictionaries of another data-bin."""
+    if not os.path.exists(os.path.join(data, "test.src-tgt.tgt.idx")):
+        say(f"fairseq-preprocess -> {data}")
+        dicts = (["--srcdict", f"{dictionaries_from}/dict.src.txt", "--tgtdict", f"{dictionaries_from}/dict.tgt.txt"]
+                 if dictionaries_from else [])
+        run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
+             trainpref or f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
+             "--destdir", data, "--joined-dictionary", "--workers", 2, *dicts], f"{data}.preprocess.log")
+    return data
+
+
+def count_parameters(checkpoint):
+    from fairseq_plugins.compat import load_state
+
+    seen, total = set(), 0
+    for tensor in load_state(checkpoint)["model"].values():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key not in seen:  # tied embeddings are stored once
+            seen.add(key)
+            total += tensor.numel()
+    return total
+
+
+def generate(data, checkpoint, out, extra=()):
+    if not os.path.exists(out):
+        run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
+             "--beam", 4, "--batch-size", 64, "--cpu", "--max-len-a", 1, "--max-len-b", 10, *extra], out + ".tmp")
+        os.replace(out + ".tmp", out)
+    return out
+
+
+def score(gen):
+    entries = read_generate(gen)
+    hyps, refs = [e.output for e in entries], [e.ref for e in entries]
+    return {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+            "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2), "sentences": len(entries)}
+
+
+def best_valid(train_log):
+    """Lowest validation loss and NLL (base 2) logged by fairseq-train, with the perplexity."""
+    best = None
+    with open(train_log) as f:
+        for line in f:
+            if " | valid | " in line and " nll_loss " in line:
+                fields = line.split(" | ")
+                values = dict(field.strip().split(" ", 1) for field in fields if field.strip().count(" ") == 1)
+                record = {k: float(values[k]) for k in ("loss", "nll_loss", "ppl") if k in values}
+                if best is None or record["nll_loss"] < best["nll_loss"]:
+                    best = record
+    return best
+
+
+def train_and_evaluate(work, name, data, train_flags, max_update, minutes, average=5):
+    """Train ``name`` with fairseq-train, average the last checkpoints, translate and score."""
+    out = os.path.join(work, name)
+    result_path = os.path.join(out, "result.json")
+    if os.path.exists(result_path):
+        say(f"{name}: done before, skipping (delete {out} to redo)")
+        with open(result_path) as f:
+            return json.load(f)
+    os.makedirs(out, exist_ok=True)
+    ckpt = os.path.join(out, "checkpoints")
+    say(f"{name}: fairseq-train, {max_update} updates or {minutes:g} minutes")
+    start = time.time()
+    run(["fairseq-train", data, "--user-dir", USER_DIR, *train_flags, "--cpu", "--max-update", max_update,
+         "--stop-time-hours", minutes / 60, "--save-dir", ckpt, "--save-interval-updates", max(1, max_update // 10),
+         "--keep-interval-updates", average, "--no-epoch-checkpoints", "--no-progress-bar",
+         "--log-interval", max(1, max_update // 5), "--seed", 1, "--num-workers", 0],
+        os.path.join(out, "train.log"), echo=(" | train_inner | ", " | valid | "))
+    train_minutes = (time.time() - start) / 60
+    kept = len([f for f in os.listdir(ckpt) if UPDATE_PATTERN.match(f)])
+    averaged = os.path.join(out, "average.pt")
+    say(f"{name}: averaging the last {min(average, kept)} checkpoints, then fairseq-generate (beam 4)")
+    run([sys.executable, "-m", "fairseq_plugins.cli.average_checkpoints", "--inputs", ckpt,
+         "--num-update-checkpoints", min(average, kept), "--output", averaged], os.path.join(out, "average.log"))
+    result = {"model": name, "parameters": count_parameters(averaged), "train_minutes": round(train_minutes, 1),
+              **score(generate(data, averaged, os.path.join(out, "generate.txt"))),
+              "last": score(generate(data, os.path.join(ckpt, "checkpoint_last.pt"),
+                                     os.path.join(out, "generate-last.txt"))),
+              "valid": best_valid(os.path.join(out, "train.log"))}
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+    return result
