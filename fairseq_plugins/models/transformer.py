@@ -1,0 +1,324 @@
+"""The Transformer of Vaswani et al., "Attention Is All You Need" (NIPS 2017).
+
+Registered as fairseq model ``vaswani_transformer`` with architectures
+``vaswani_transformer_base`` (N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1; also plain
+``vaswani_transformer``), ``vaswani_transformer_big`` (N=6, 1024, 4096, 16, 0.3) and
+``vaswani_transformer_tiny`` (2+2 layers, 64, 256, 4, for CPU tests and the quickstart).
+Size and regularisation flags are those of fairseq's built-in ``transformer``, so its
+command lines carry over.
+
+Defaults follow the paper: post-LN sub-layers, embeddings scaled by √d_model, sinusoidal
+encodings with sines on even and cosines on odd dimensions, dropout on the sum of
+embeddings and encodings, ReLU FFN, no attention/ReLU dropout. ``--fairseq-positions``,
+``--*-normalize-before``, ``--*-learned-pos``, ``--attention-dropout`` and
+``--activation-dropout`` give later practice (and what converted fairseq checkpoints need).
+
+Tensors are batch-first, [B, T, d_model]. The encoder output dict holds ``encoder_out``
+[B, S, d] and ``encoder_padding_mask`` [B, S] (True on padding; empty list when the batch
+has none). In eval mode the decoder returns the encoder–decoder attention of layer
+``--alignment-layer`` averaged over heads, ``extra["attn"] = [[B, T, S]]``, which
+``fairseq-generate --print-alignment`` prints (fairseq-generate turns it off otherwise).
+"""
+import math
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+from torch import Tensor, nn
+
+from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.modules.multihead_attention import IncrementalState
+from fairseq_plugins.modules.sinusoidal_positions import build_positional_encoding
+from fairseq_plugins.modules.transformer_layer import (
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+)
+
+DEFAULT_MAX_POSITIONS = 1024
+EncoderOut = Dict[str, List[Tensor]]
+
+
+def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.Embedding:
+    m = nn.Embedding(num_embeddings, embedding_dim, padding_idx=padding_idx)
+    nn.init.normal_(m.weight, mean=0, std=embedding_dim**-0.5)
+    nn.init.zeros_(m.weight[padding_idx])
+    return m
+
+
+class VaswaniTransformerEncoder(FairseqEncoder):
+    """N × (self-attention, FFN) over √d_model·E x + PE (§3.1, §3.4, §3.5)."""
+
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
+        super().__init__(dictionary)
+        d_model = embed_tokens.embedding_dim
+        self.padding_idx = dictionary.pad()
+        self.dropout = args.dropout
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(d_model)  # √d_model
+        self.embed_positions = build_positional_encoding(
+            args.max_source_positions, d_model, self.padding_idx, args.encoder_learned_pos,
+            args.fairseq_positions, "--max-source-positions")
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(d_model, args.encoder_ffn_embed_dim, args.encoder_attention_heads,
+                                    args.dropout, args.attention_dropout, args.activation_dropout,
+                                    args.encoder_normalize_before)
+            for _ in range(args.encoder_layers))
+        self.layer_norm = nn.LayerNorm(d_model) if args.encoder_normalize_before else None
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, **unused) -> EncoderOut:
+        """src_tokens: [B, S], left-padded."""
+        padding_mask = src_tokens.eq(self.padding_idx)  # [B, S]
+        has_pads = bool(padding_mask.any())
+        attn_mask = ~padding_mask[:, None, None, :] if has_pads else None  # [B, 1, 1, S]
+        x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # √d·E x + PE
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        for layer in self.layers:
+            x = layer(x, attn_mask)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return {"encoder_out": [x], "encoder_padding_mask": [padding_mask] if has_pads else [],
+                "src_rows": []}
+
+    def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+        """Lazy: the tensors keep one row per source sentence; ``src_rows`` [N] records
+        which sentence row n now stands for (beam search repeats and reorders rows)."""
+        rows = encoder_out["src_rows"]
+        return {**encoder_out, "src_rows": [rows[0].index_select(0, new_order) if rows else new_order]}
+
+    def max_positions(self) -> int:
+        return self.embed_positions.max_positions
+
+
+class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
+    """N × (masked self-attention, encoder–decoder attention, FFN), then the pre-softmax
+    projection (§3.1, §3.4)."""
+
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding, encoder_dim: int):
+        super().__init__(dictionary)
+        d_model = embed_tokens.embedding_dim
+        self.padding_idx = dictionary.pad()
+        self.dropout = args.dropout
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(d_model)  # √d_model
+        self.embed_positions = build_positional_encoding(
+            args.max_target_positions, d_model, self.padding_idx, args.decoder_learned_pos,
+            args.fairseq_positions, "--max-target-positions")
+        self.layers = nn.ModuleList(
+            TransformerDecoderLayer(d_model, args.decoder_ffn_embed_dim, args.decoder_attention_heads,
+                                    args.dropout, args.attention_dropout, args.activation_dropout,
+                                    args.decoder_normalize_before, encoder_dim)
+            for _ in range(args.decoder_layers))
+        self.layer_norm = nn.LayerNorm(d_model) if args.decoder_normalize_before else None
+        self.alignment_layer = args.alignment_layer % args.decoder_layers
+        self.need_attn = True  # fairseq-generate sets it to --print-alignment
+        self.output_projection = nn.Linear(d_model, len(dictionary), bias=False)
+        if args.share_decoder_input_output_embed:
+            self.output_projection.weight = embed_tokens.weight  # §3.4: shared with the embedding
+        else:
+            nn.init.normal_(self.output_projection.weight, mean=0, std=d_model**-0.5)
+
+    def forward(self, prev_output_tokens: Tensor, encoder_out: EncoderOut,
+                incremental_state: Optional[IncrementalState] = None, features_only: bool = False,
+                **unused):
+        """prev_output_tokens: [B, T] -> logits [B, T, V] (T = 1 with incremental_state)."""
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(self, prev_output_tokens: Tensor, encoder_out: EncoderOut,
+                         incremental_state: Optional[IncrementalState] = None, **unused):
+        incremental = incremental_state is not None
+        positions = self.embed_positions(prev_output_tokens, incremental)  # [B, T or 1, d]
+        if incremental:
+            prev_output_tokens = prev_output_tokens[:, -1:]  # the newest token only
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions  # √d·E y + PE
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        encoder, encoder_attn_mask, key_rows, group = self._encoder_rows(encoder_out, x.size(0), incremental)
+        need_attn = self.need_attn and not self.training
+        attn: Optional[Tensor] = None
+        for idx, layer in enumerate(self.layers):
+            x, layer_attn = layer(x, encoder, encoder_attn_mask, incremental_state,
+                                  need_attn and idx == self.alignment_layer, key_rows, group)
+            if layer_attn is not None:
+                attn = layer_attn
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return x, {"attn": [attn]}
+
+    @staticmethod
+    def _encoder_rows(encoder_out: EncoderOut, num_rows: int, incremental: bool):
+        """Which encoder row each of the ``num_rows`` decoder rows attends to.
+
+        Returns the encoder output, the encoder–decoder attention mask, ``key_rows`` and
+        ``group`` (see MultiheadAttention). A full forward gathers the encoder rows; a
+        decoding step lets each run of rows on the same sentence (a beam) attend as one block
+        to that sentence's cached keys and values, so they are never copied per hypothesis.
+        """
+        encoder = encoder_out["encoder_out"][0]  # [B, S, d]
+        padding = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        key_rows, group = None, 1
+        if encoder_out["src_rows"]:
+            rows = encoder_out["src_rows"][0]  # [N]
+            if not incremental:
+                encoder = encoder.index_select(0, rows)
+                padding = None if padding is None else padding.index_select(0, rows)
+            else:
+                sentences, run_lengths = torch.unique_consecutive(rows, return_counts=True)
+                if bool(run_lengths.min() == run_lengths.max()):  # equal runs: beam search
+                    key_rows, group = sentences, num_rows // sentences.numel()
+                else:
+                    key_rows = rows
+                if key_rows.numel() == encoder.size(0) and torch.equal(
+                        key_rows, torch.arange(encoder.size(0), device=key_rows.device)):
+                    key_rows = None  # every sentence once, in order: read the cache as it is
+        if padding is None:
+            return encoder, None, key_rows, group
+        if key_rows is not None:
+            padding = padding.index_select(0, key_rows)
+        return encoder, ~padding[:, None, None, :], key_rows, group  # mask [N / group, 1, 1, S]
+
+    def output_layer(self, features: Tensor) -> Tensor:
+        return self.output_projection(features)  # pre-softmax linear transformation
+
+    def max_positions(self) -> int:
+        return self.embed_positions.max_positions
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        for layer in self.layers:  # the encoder-decoder caches are per sentence: never moved
+            layer.self_attn.reorder_incremental_state(incremental_state, new_order)
+
+    def reorder_incremental_state_scripting(self, incremental_state: IncrementalState,
+                                            new_order: Tensor):
+        self.reorder_incremental_state(incremental_state, new_order)  # no walk over all modules
+
+    def make_generation_fast_(self, need_attn: bool = False, **kwargs):
+        self.need_attn = need_attn
+
+
+@register_model("vaswani_transformer")
+class VaswaniTransformerModel(FairseqEncoderDecoderModel):
+    """Encoder–decoder Transformer, exact to Vaswani et al. (2017) by default."""
+
+    @staticmethod
+    def add_args(parser):
+        # fmt: off
+        parser.add_argument("--dropout", type=float, metavar="D",
+                            help="P_drop: dropout on sub-layer outputs and on embeddings + encodings")
+        parser.add_argument("--attention-dropout", type=float, metavar="D",
+                            help="dropout on attention weights (not in the paper; default 0)")
+        parser.add_argument("--activation-dropout", "--relu-dropout", type=float, metavar="D",
+                            help="dropout after the FFN's ReLU (not in the paper; default 0)")
+        for side in ("encoder", "decoder"):
+            parser.add_argument(f"--{side}-layers", type=int, metavar="N",
+                                help=f"N: number of {side} layers")
+            parser.add_argument(f"--{side}-embed-dim", type=int, metavar="D",
+                                help=f"d_model of the {side} (embedding dimension)")
+            parser.add_argument(f"--{side}-ffn-embed-dim", type=int, metavar="D",
+                                help=f"d_ff: inner dimension of the {side} FFN")
+            parser.add_argument(f"--{side}-attention-heads", type=int, metavar="H",
+                                help=f"h: attention heads of the {side} (must divide d_model)")
+            parser.add_argument(f"--{side}-normalize-before", action="store_true",
+                                help=f"pre-LN {side}: x + Dropout(Sublayer(LayerNorm(x))) and a "
+                                     "final LayerNorm, instead of the paper's post-LN")
+            parser.add_argument(f"--{side}-learned-pos", action="store_true",
+                                help=f"learned {side} positional embeddings instead of sinusoids")
+        parser.add_argument("--share-decoder-input-output-embed", action="store_true",
+                            help="tie the target embedding and the pre-softmax projection")
+        parser.add_argument("--share-all-embeddings", action="store_true",
+                            help="one matrix for source embedding, target embedding and pre-softmax "
+                                 "projection (§3.4); needs fairseq-preprocess --joined-dictionary")
+        parser.add_argument("--fairseq-positions", action="store_true",
+                            help="fairseq's sinusoid table (sines then cosines, tensor2tensor's "
+                                 "frequencies, first position padding_idx+1) instead of the paper's; "
+                                 "set by fairseq-plugins-convert-transformer")
+        parser.add_argument("--alignment-layer", type=int, metavar="L",
+                            help="decoder layer (0-based, negative counts from the top; default -1) "
+                                 "whose encoder-decoder attention is returned as the alignment")
+        # fmt: on
+
+    @classmethod
+    def build_model(cls, args, task):
+        vaswani_transformer_base(args)  # fill in what the architecture left unset
+        for side in ("encoder", "decoder"):
+            d_model, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
+            if d_model % heads != 0:
+                raise ConfigError(f"--{side}-embed-dim {d_model} is not divisible by "
+                                 f"--{side}-attention-heads {heads}")
+        if not -args.decoder_layers <= args.alignment_layer < args.decoder_layers:
+            raise ConfigError(f"--alignment-layer {args.alignment_layer} is outside the "
+                             f"{args.decoder_layers} decoder layers")
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        if args.share_all_embeddings:
+            if src_dict != tgt_dict:
+                raise ConfigError("--share-all-embeddings needs a joined dictionary (fairseq-preprocess "
+                                 "--joined-dictionary), but dict.src and dict.tgt differ")
+            if args.encoder_embed_dim != args.decoder_embed_dim:
+                raise ConfigError(f"--share-all-embeddings needs --encoder-embed-dim "
+                                 f"({args.encoder_embed_dim}) == --decoder-embed-dim "
+                                 f"({args.decoder_embed_dim})")
+            args.share_decoder_input_output_embed = True
+            encoder_embed = decoder_embed = Embedding(len(src_dict), args.encoder_embed_dim, src_dict.pad())
+        else:
+            encoder_embed = Embedding(len(src_dict), args.encoder_embed_dim, src_dict.pad())
+            decoder_embed = Embedding(len(tgt_dict), args.decoder_embed_dim, tgt_dict.pad())
+        encoder = VaswaniTransformerEncoder(args, src_dict, encoder_embed)
+        decoder = VaswaniTransformerDecoder(args, tgt_dict, decoder_embed, args.encoder_embed_dim)
+        return cls(encoder, decoder)
+
+
+@register_model_architecture("vaswani_transformer", "vaswani_transformer")
+def vaswani_transformer_base(args):
+    """Transformer (base model), Table 3: N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1."""
+    args.encoder_layers = getattr(args, "encoder_layers", 6)
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 512)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 2048)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 8)
+    args.decoder_layers = getattr(args, "decoder_layers", args.encoder_layers)
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
+    args.dropout = getattr(args, "dropout", 0.1)
+    args.attention_dropout = getattr(args, "attention_dropout", 0.0)
+    args.activation_dropout = getattr(args, "activation_dropout", 0.0)
+    args.encoder_normalize_before = getattr(args, "encoder_normalize_before", False)
+    args.decoder_normalize_before = getattr(args, "decoder_normalize_before", False)
+    args.encoder_learned_pos = getattr(args, "encoder_learned_pos", False)
+    args.decoder_learned_pos = getattr(args, "decoder_learned_pos", False)
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", False)
+    args.share_all_embeddings = getattr(args, "share_all_embeddings", False)
+    args.fairseq_positions = getattr(args, "fairseq_positions", False)
+    args.alignment_layer = getattr(args, "alignment_layer", -1)
+    args.max_source_positions = getattr(args, "max_source_positions", DEFAULT_MAX_POSITIONS)
+    args.max_target_positions = getattr(args, "max_target_positions", DEFAULT_MAX_POSITIONS)
+
+
+register_model_architecture("vaswani_transformer", "vaswani_transformer_base")(vaswani_transformer_base)
+
+
+@register_model_architecture("vaswani_transformer", "vaswani_transformer_big")
+def vaswani_transformer_big(args):
+    """Transformer (big), Table 3: N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3
+    (the paper used 0.1 for En-Fr: pass --dropout 0.1)."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1024)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 4096)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
+    args.dropout = getattr(args, "dropout", 0.3)
+    vaswani_transformer_base(args)
+
+
+@register_model_architecture("vaswani_transformer", "vaswani_transformer_tiny")
+def vaswani_transformer_tiny(args):
+    """2+2 layers, d_model=64, d_ff=256, h=4: CPU tests and the quickstart."""
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    vaswani_transformer_base(args)

@@ -1,0 +1,149 @@
+"""Multi-head scaled dot-product attention (Vaswani et al., 2017, §3.2).
+
+    Attention(Q, K, V) = softmax(QKᵀ / √d_k) V                                   (1)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+        head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Tensors are batch-first: queries [N, T, d_model], keys/values [B, S, kdim]. The attention
+itself runs in ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels on CPU
+and GPU); the weights are materialised only when ``need_weights`` asks for them.
+
+Self-attention projects Q, K and V with one fused [3·d_model, d_model] matrix (``in_proj``)
+and caches, when decoding step by step, the keys and values of the tokens so far as one
+tensor [N, 2, h, t, d_k] (one gather per beam reordering, one append per step).
+
+Encoder–decoder attention projects the queries with ``q_proj`` and the encoder output with
+one fused [2·d_model, kdim] matrix (``kv_proj``). When decoding, keys and values are
+computed once per *source sentence* ([B, h, S, d_k], cached) and never reordered: the
+caller says which sentence each query row reads (``key_rows``) and how many consecutive
+query rows share it (``group``, the beam size in beam search), and the rows of a group
+attend together as one [h, group, d_k] query block.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from torch import Tensor, nn
+
+from fairseq_plugins.errors import ConfigError
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+@with_incremental_state
+class MultiheadAttention(nn.Module):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
+                 encoder_decoder_attention: bool = False, kdim: Optional[int] = None):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ConfigError(f"embedding dimension {embed_dim} is not divisible by the "
+                             f"number of attention heads {num_heads}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads  # h
+        self.d_k = embed_dim // num_heads  # d_k = d_v = d_model / h
+        self.dropout = dropout
+        self.encoder_decoder_attention = encoder_decoder_attention
+        if encoder_decoder_attention:
+            self.q_proj = nn.Linear(embed_dim, embed_dim)  # W^Q
+            self.kv_proj = nn.Linear(kdim or embed_dim, 2 * embed_dim)  # [W^K; W^V]
+            projections = (self.q_proj.weight, *self.kv_proj.weight.chunk(2))
+        else:
+            self.in_proj = nn.Linear(embed_dim, 3 * embed_dim)  # [W^Q; W^K; W^V]
+            projections = self.in_proj.weight.chunk(3)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)  # W^O
+        # fairseq's initialisation: Xavier per projection (gain 1/√2), zero output bias
+        for w in projections:
+            nn.init.xavier_uniform_(w, gain=2**-0.5)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def _split(self, x: Tensor, n: int) -> Tensor:
+        """[B, L, n·d_model] -> [B, n, h, L, d_k] (a view)."""
+        bsz, length, _ = x.shape
+        return x.view(bsz, length, n, self.num_heads, self.d_k).permute(0, 2, 3, 1, 4)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        incremental_state: Optional[IncrementalState] = None,
+        need_weights: bool = False,
+        key_rows: Optional[Tensor] = None,
+        group: int = 1,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """
+        Args:
+            query: [N, T, d_model].
+            key: [B, S, kdim] encoder output (encoder–decoder attention; read once per
+                sentence when ``incremental_state`` caches its keys and values).
+            attn_mask: bool [N / group, 1, 1, S], True where a key may be attended.
+            causal: mask future positions (decoder self-attention over a full sequence).
+            need_weights: also return the attention weights averaged over heads, [N, T, S].
+            key_rows: [N / group] which row of ``key`` each query group reads (None: row i
+                reads row i).
+            group: number of consecutive query rows that read the same keys.
+        Returns:
+            output [N, T, d_model] and the weights or None.
+        """
+        num_rows, tgt_len, _ = query.shape
+        if self.encoder_decoder_attention:
+            q = self._split(self.q_proj(query), 1)[:, 0]  # Q W^Q: [N, h, T, d_k]
+            kv = self._cached(incremental_state, "static_kv")
+            if kv is None:
+                kv = self._split(self.kv_proj(key), 2)  # [K W^K, V W^V]: [B, 2, h, S, d_k]
+                if incremental_state is not None:
+                    self.set_incremental_state(incremental_state, "static_kv", {"kv": kv})
+            if key_rows is not None:
+                kv = kv.index_select(0, key_rows)  # [N / group, 2, h, S, d_k]
+            # a group's rows become one query block: [N / group, h, group·T, d_k]
+            q = q.transpose(1, 2).reshape(-1, group * tgt_len, self.num_heads, self.d_k).transpose(1, 2)
+        else:
+            qkv = self._split(self.in_proj(query), 3)  # [N, 3, h, T, d_k]
+            q, kv = qkv[:, 0], qkv[:, 1:]
+            if incremental_state is not None:
+                prev = self._cached(incremental_state, "prev_kv")
+                if prev is not None:
+                    kv = torch.cat([prev, kv], dim=3)  # [N, 2, h, t, d_k]
+                self.set_incremental_state(incremental_state, "prev_kv", {"kv": kv})
+        k, v = kv[:, 0], kv[:, 1]
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            out, weights = self._attention_with_weights(q, k, v, attn_mask, causal, dropout_p)
+            weights = weights.reshape(num_rows, tgt_len, -1)  # [N, T, S]
+        else:
+            out = F.scaled_dot_product_attention(  # softmax(QKᵀ/√d_k) V, eq. (1)
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal)
+            weights = None
+        out = out.transpose(1, 2).reshape(num_rows, tgt_len, self.embed_dim)  # Concat(head_1..h)
+        return self.out_proj(out), weights
+
+    def _cached(self, incremental_state: Optional[IncrementalState], key: str) -> Optional[Tensor]:
+        if incremental_state is None:
+            return None
+        cache = self.get_incremental_state(incremental_state, key)
+        return None if cache is None else cache["kv"]
+
+    def _attention_with_weights(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
+                                causal: bool, dropout_p: float) -> Tuple[Tensor, Tensor]:
+        """Eq. (1) with explicit weights: [B, h, T, d_k] and weights averaged over heads [B, T, S]."""
+        scores = torch.matmul(q, k.transpose(-2, -1)) * self.d_k**-0.5  # QKᵀ/√d_k: [B, h, T, S]
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        if causal:
+            future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).type_as(scores)  # [B, h, T, S]
+        out = torch.matmul(F.dropout(probs, p=dropout_p, training=dropout_p > 0), v)
+        return out, probs.mean(dim=1)
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        """Beam search moved hypotheses: row b now continues row new_order[b]. The
+        encoder–decoder cache is per source sentence and does not move."""
+        if not self.encoder_decoder_attention:
+            kv = self._cached(incremental_state, "prev_kv")
+            if kv is not None:
+                self.set_incremental_state(incremental_state, "prev_kv", {"kv": kv.index_select(0, new_order)})
+        return incremental_state

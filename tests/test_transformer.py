@@ -1,0 +1,408 @@
+"""vaswani_transformer in-process: the paper's formulas recomputed on tiny tensors, fairseq's
+built-in transformer on the same weights, incremental vs full decoding, padding invariance,
+Wu et al.'s length penalty, and build-time errors."""
+import copy
+import math
+from argparse import Namespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.modules import SinusoidalPositionalEmbedding
+from fairseq.sequence_generator import SequenceGenerator
+
+from fairseq_plugins.cli.convert_transformer import convert_args, convert_state_dict
+from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.models.transformer import VaswaniTransformerModel
+from fairseq_plugins.modules.multihead_attention import MultiheadAttention
+from fairseq_plugins.modules.sinusoidal_positions import PositionalEncoding
+from fairseq_plugins.modules.transformer_layer import TransformerDecoderLayer, TransformerEncoderLayer
+from fairseq_plugins.tasks.translation_paper_lenpen import (
+    TranslationWuConfig,
+    TranslationWuTask,
+    WuSequenceGenerator,
+)
+
+TOL = 1e-5
+
+
+def dictionary(prefix, n=24):
+    d = Dictionary()
+    for i in range(n):
+        d.add_symbol(f"{prefix}{i}")
+    return d
+
+
+JOINED = dictionary("w")
+SRC, TGT = dictionary("s", 20), dictionary("t", 27)
+
+
+def task(src=JOINED, tgt=None):
+    return Namespace(source_dictionary=src, target_dictionary=tgt or src)
+
+
+def build(arch="vaswani_transformer_tiny", src=JOINED, tgt=None, seed=0, **flags):
+    torch.manual_seed(seed)
+    args = Namespace(arch=arch, dropout=0.0, **flags)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task(src, tgt)).eval()
+
+
+def tokens(d, lengths, seed=1, left_pad=True):
+    """[B, max_len] random sentences ending in EOS, padded with d.pad()."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.full((len(lengths), max(lengths)), d.pad())
+    for i, n in enumerate(lengths):
+        sent = torch.cat([torch.randint(d.nspecial, len(d), (n - 1,), generator=g), torch.tensor([d.eos()])])
+        if left_pad:
+            out[i, out.size(1) - n:] = sent
+        else:
+            out[i, :n] = sent
+    return out
+
+
+def prev_output(d, lengths, seed=2):
+    """Decoder input: EOS then the target words, right-padded (fairseq's layout)."""
+    t = tokens(d, lengths, seed, left_pad=False)
+    prev = torch.full_like(t, d.pad())
+    for i, n in enumerate(lengths):
+        prev[i, 0] = d.eos()
+        prev[i, 1:n] = t[i, : n - 1]
+    return prev
+
+
+def log_probs(model, src, prev):
+    return model.get_normalized_probs(model(src, None, prev), log_probs=True)
+
+
+# ---------------------------------------------------------------- positional encodings
+
+def test_paper_positional_encoding_is_the_formula_sin_even_cos_odd():
+    d_model, pad = 6, JOINED.pad()
+    pe = PositionalEncoding(16, d_model, pad, "paper")
+    src = tokens(JOINED, [5, 3])  # second sentence left-padded by 2
+    out = pe(src)
+    for b, n in ((0, 5), (1, 3)):
+        offset = src.size(1) - n
+        for pos in range(n):
+            for j in range(d_model):
+                i = j // 2
+                angle = pos / 10000 ** (2 * i / d_model)
+                expected = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+                assert out[b, offset + pos, j].item() == pytest.approx(expected, abs=1e-6)
+        assert out[b, :offset].abs().sum() == 0  # padding gets nothing
+
+
+def test_fairseq_positional_layout_equals_fairseq_module():
+    src = tokens(JOINED, [7, 4, 2])
+    ours = PositionalEncoding(32, 8, JOINED.pad(), "fairseq")
+    theirs = SinusoidalPositionalEmbedding(8, JOINED.pad(), init_size=32 + JOINED.pad() + 1)
+    assert torch.equal(ours(src), theirs(src))
+    # one decoding step: the T-th token
+    assert torch.equal(ours(src, incremental=True), theirs(src, incremental_state={})[:, -1:])
+
+
+def test_position_beyond_maximum_is_a_clear_error():
+    pe = PositionalEncoding(4, 8, JOINED.pad(), "paper", flag="--max-source-positions")
+    pe(tokens(JOINED, [4, 2]))  # at the limit: fine
+    with pytest.raises(ConfigError, match=r"5 tokens .* longer than --max-source-positions 4"):
+        pe(tokens(JOINED, [5]))
+    model = build(max_source_positions=6, max_target_positions=6)
+    with pytest.raises(ConfigError, match="--max-source-positions 6"):
+        model.encoder(tokens(JOINED, [9]))
+    with pytest.raises(ConfigError, match="--max-target-positions 6"):
+        model.decoder(prev_output(JOINED, [7]), model.encoder(tokens(JOINED, [3])), incremental_state={})
+
+
+# ---------------------------------------------------------------- attention and layers
+
+def reference_attention(attn, query, key, mask=None, causal=False):
+    """softmax(Q Kᵀ / √d_k) V per head, Concat, W^O — from the module's weights."""
+    d, h = attn.embed_dim, attn.num_heads
+    d_k = d // h
+    if attn.encoder_decoder_attention:
+        Wq, bq = attn.q_proj.weight, attn.q_proj.bias
+        Wk, Wv = attn.kv_proj.weight.split(d)
+        bk, bv = attn.kv_proj.bias.split(d)
+    else:
+        Wq, Wk, Wv = attn.in_proj.weight.split(d)
+        bq, bk, bv = attn.in_proj.bias.split(d)
+    heads = []
+    for i in range(h):
+        sl = slice(i * d_k, (i + 1) * d_k)
+        Q = query @ Wq[sl].T + bq[sl]
+        K = key @ Wk[sl].T + bk[sl]
+        V = key @ Wv[sl].T + bv[sl]
+        scores = Q @ K.transpose(-1, -2) / math.sqrt(d_k)
+        if mask is not None:
+            scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        if causal:
+            scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        heads.append(torch.softmax(scores, -1) @ V)
+    return torch.cat(heads, -1) @ attn.out_proj.weight.T + attn.out_proj.bias
+
+
+@pytest.mark.parametrize("cross,padded,causal", [(False, False, True), (False, True, False), (True, True, False)],
+                         ids=["decoder-self", "encoder-self", "encoder-decoder"])
+def test_sdpa_and_explicit_attention_equal_the_formula(cross, padded, causal):
+    torch.manual_seed(0)
+    attn = MultiheadAttention(8, 2, encoder_decoder_attention=cross, kdim=8).eval()
+    query = torch.randn(3, 4, 8)
+    key = torch.randn(3, 5, 8) if cross else query
+    mask = torch.ones(3, key.size(1), dtype=torch.bool)
+    mask[1, :2] = not padded  # left padding of sentence 1
+    attn_mask = mask[:, None, None, :] if padded else None
+    expected = reference_attention(attn, query, key, mask, causal)
+    with torch.no_grad():
+        fused, none = attn(query, key, attn_mask=attn_mask, causal=causal)
+        explicit, weights = attn(query, key, attn_mask=attn_mask, causal=causal, need_weights=True)
+    assert none is None
+    assert torch.allclose(fused, expected, atol=TOL) and torch.allclose(explicit, expected, atol=TOL)
+    assert torch.allclose(weights.sum(-1), torch.ones(3, 4), atol=TOL)
+    if padded:
+        assert weights[1, :, :2].abs().max() == 0  # no weight on padding
+    if causal:
+        assert weights[:, 0, 1:].abs().max() == 0  # no weight on the future
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_encoder_layer_is_post_ln_sublayers_of_the_paper(normalize_before):
+    torch.manual_seed(0)
+    layer = TransformerEncoderLayer(8, 16, 2, dropout=0.0, normalize_before=normalize_before).eval()
+    x = torch.randn(2, 5, 8)
+
+    def ffn(y):  # max(0, x W_1 + b_1) W_2 + b_2
+        return torch.relu(y @ layer.fc1.weight.T + layer.fc1.bias) @ layer.fc2.weight.T + layer.fc2.bias
+
+    ln1, ln2 = layer.self_attn_layer_norm, layer.final_layer_norm
+    if normalize_before:  # x + Sublayer(LayerNorm(x))
+        y = x + reference_attention(layer.self_attn, ln1(x), ln1(x))
+        expected = y + ffn(ln2(y))
+    else:  # LayerNorm(x + Sublayer(x))
+        y = ln1(x + reference_attention(layer.self_attn, x, x))
+        expected = ln2(y + ffn(y))
+    with torch.no_grad():
+        assert torch.allclose(layer(x, None), expected, atol=TOL)
+
+
+def test_decoder_layer_masks_future_and_attends_encoder():
+    torch.manual_seed(0)
+    layer = TransformerDecoderLayer(8, 16, 2, dropout=0.0).eval()
+    x, enc = torch.randn(2, 4, 8), torch.randn(2, 6, 8)
+    y = layer.self_attn_layer_norm(x + reference_attention(layer.self_attn, x, x, causal=True))
+    z = layer.encoder_attn_layer_norm(y + reference_attention(layer.encoder_attn, y, enc))
+    ffn = torch.relu(z @ layer.fc1.weight.T + layer.fc1.bias) @ layer.fc2.weight.T + layer.fc2.bias
+    with torch.no_grad():
+        out, _ = layer(x, enc, None)
+    assert torch.allclose(out, layer.final_layer_norm(z + ffn), atol=TOL)
+
+
+def test_embeddings_scaled_by_sqrt_d_model_plus_sinusoids():
+    model = build()
+    src = tokens(JOINED, [6, 3])
+    seen = {}
+    model.encoder.layers[0].register_forward_pre_hook(lambda m, inputs: seen.update(x=inputs[0]))
+    with torch.no_grad():
+        model.encoder(src)
+    d = model.encoder.embed_tokens.embedding_dim
+    expected = math.sqrt(d) * model.encoder.embed_tokens.weight[src] + model.encoder.embed_positions(src)
+    assert torch.allclose(seen["x"], expected, atol=TOL)
+    # one matrix for source and target embeddings and the pre-softmax projection
+    shared = build(share_all_embeddings=True)
+    assert shared.encoder.embed_tokens.weight is shared.decoder.embed_tokens.weight
+    assert shared.decoder.output_projection.weight is shared.decoder.embed_tokens.weight
+
+
+def test_architectures_have_the_papers_sizes():
+    def args_of(arch):
+        a = Namespace(arch=arch)
+        ARCH_CONFIG_REGISTRY[arch](a)
+        return a
+
+    base, big = args_of("vaswani_transformer_base"), args_of("vaswani_transformer_big")
+    assert (base.encoder_layers, base.encoder_embed_dim, base.encoder_ffn_embed_dim,
+            base.encoder_attention_heads, base.dropout) == (6, 512, 2048, 8, 0.1)
+    assert (big.decoder_layers, big.decoder_embed_dim, big.decoder_ffn_embed_dim,
+            big.decoder_attention_heads, big.dropout) == (6, 1024, 4096, 16, 0.3)
+    assert not base.encoder_normalize_before and not base.fairseq_positions
+
+
+# ---------------------------------------------------------------- fairseq's transformer on the same weights
+
+def builtin(src, tgt, **flags):
+    torch.manual_seed(3)
+    args = Namespace(arch="transformer", encoder_layers=2, decoder_layers=2, encoder_embed_dim=16,
+                     encoder_ffn_embed_dim=32, encoder_attention_heads=4, decoder_attention_heads=4,
+                     dropout=0.0, max_source_positions=64, max_target_positions=64, **flags)
+    ARCH_CONFIG_REGISTRY["transformer"](args)
+    return ARCH_MODEL_REGISTRY["transformer"].build_model(args, task(src, tgt)).eval(), args
+
+
+def to_old_format(state):
+    """The layout of checkpoints before 2019: fused in_proj_weight, numbered layer norms, embed_out."""
+    old = {}
+    for key, value in state.items():
+        if ".q_proj." in key:
+            part = key.rsplit(".", 1)[1]
+            old[key.replace(f"q_proj.{part}", f"in_proj_{part}")] = torch.cat(
+                [value, state[key.replace("q_proj", "k_proj")], state[key.replace("q_proj", "v_proj")]])
+        elif ".k_proj." in key or ".v_proj." in key:
+            continue
+        elif key.startswith("encoder.layers.") and "_layer_norm." in key:
+            number = "0" if ".self_attn_layer_norm." in key else "1"
+            name = key.split(".")[3]
+            old[key.replace(name, f"layer_norms.{number}")] = value
+        elif key == "decoder.output_projection.weight":
+            old["decoder.embed_out"] = value
+        else:
+            old[key] = value
+    return old
+
+
+@pytest.mark.parametrize("flags,src,tgt,old_format", [
+    (dict(share_all_embeddings=True), JOINED, JOINED, False),
+    (dict(encoder_normalize_before=True, decoder_normalize_before=True, encoder_learned_pos=True,
+          decoder_learned_pos=True), SRC, TGT, False),
+    (dict(share_decoder_input_output_embed=True, decoder_embed_dim=24, decoder_ffn_embed_dim=48), SRC, TGT, False),
+    (dict(), SRC, TGT, True),
+], ids=["shared-post-ln", "pre-ln-learned-pos", "tied-decoder-other-dim", "old-checkpoint-layout"])
+def test_converted_builtin_transformer_gives_the_same_log_probs(flags, src, tgt, old_format):
+    fairseq_model, args = builtin(src, tgt, **flags)
+    state = fairseq_model.state_dict()
+    new_args = convert_args(args)
+    ours = VaswaniTransformerModel.build_model(copy.copy(new_args), task(src, tgt)).eval()
+    ours.load_state_dict(convert_state_dict(to_old_format(state) if old_format else state, new_args))
+    src_tokens, prev = tokens(src, [9, 4, 6]), prev_output(tgt, [7, 8, 3])
+    src_lengths = src_tokens.ne(src.pad()).sum(1)
+    with torch.no_grad():
+        expected = fairseq_model.get_normalized_probs(fairseq_model(src_tokens, src_lengths, prev), log_probs=True)
+        got = log_probs(ours, src_tokens, prev)
+    real = prev.ne(tgt.pad())
+    assert (got - expected)[real].abs().max() < TOL
+
+
+def test_converter_refuses_what_it_cannot_reproduce():
+    _, args = builtin(JOINED, JOINED, activation_fn="gelu")
+    with pytest.raises(Exception, match="activation_fn='gelu'"):
+        convert_args(args)
+    fairseq_model, args = builtin(JOINED, JOINED)
+    state = dict(fairseq_model.state_dict(), **{"encoder.layernorm_embedding.weight": torch.ones(16)})
+    with pytest.raises(Exception, match="encoder.layernorm_embedding.weight"):
+        convert_state_dict(state, convert_args(args))
+
+
+# ---------------------------------------------------------------- incremental decoding
+
+def step_by_step(model, encoder_out, prev, incremental_state, start, stop):
+    outs = []
+    for t in range(start, stop):
+        logits, extra = model.decoder(prev[:, : t + 1], encoder_out, incremental_state)
+        outs.append((model.get_normalized_probs((logits, None), log_probs=True), extra["attn"][0]))
+    return torch.cat([o[0] for o in outs], 1), torch.cat([o[1] for o in outs], 1)
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(encoder_normalize_before=True, decoder_normalize_before=True)])
+def test_incremental_decoding_equals_full_forward_under_reordering(flags):
+    model = build(share_all_embeddings=True, **flags)
+    src = tokens(JOINED, [7, 3, 5])
+    prev = prev_output(JOINED, [6, 6, 6])
+    with torch.no_grad():
+        encoder_out = model.encoder(src)
+        logits, full_extra = model(src, None, prev)
+        full_lp = model.get_normalized_probs((logits, None), log_probs=True)
+        state = {}
+        lp, attn = step_by_step(model, encoder_out, prev, state, 0, 2)
+        assert (lp - full_lp[:, :2]).abs().max() < TOL
+        assert (attn - full_extra["attn"][0][:, :2]).abs().max() < TOL
+        # beam search: every sentence repeated 2 times, then hypotheses swapped within a beam,
+        # then an arbitrary order (rows of different sentences interleaved)
+        orders = [torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([1, 0, 2, 3, 5, 4]),
+                  torch.tensor([4, 1, 0, 5, 3, 2])]
+        rows = torch.arange(3)
+        t = 2
+        for order in orders:
+            rows = rows[order]
+            model.decoder.reorder_incremental_state_scripting(state, order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+            lp, attn = step_by_step(model, encoder_out, prev[rows], state, t, t + 1)
+            # the same rows decoded from scratch by a full forward
+            full = model.get_normalized_probs(model(src[rows], None, prev[rows, : t + 1]), log_probs=True)
+            assert (lp - full[:, t:]).abs().max() < TOL
+            assert (attn - full_extra["attn"][0][rows, t:t + 1]).abs().max() < TOL
+            t += 1
+
+
+# ---------------------------------------------------------------- padding invariance
+
+def test_scores_and_translation_do_not_depend_on_the_batch():
+    model = build(share_all_embeddings=True, seed=4)
+    batch = tokens(JOINED, [3, 11, 8], seed=5)  # sentence 0 is left-padded by 8
+    alone = batch[:1, -3:]
+    prev = prev_output(JOINED, [5, 9, 4], seed=6)
+    with torch.no_grad():
+        lp_batch = log_probs(model, batch, prev)
+        lp_alone = log_probs(model, alone, prev[:1, :5])
+        assert (lp_batch[0, :5] - lp_alone[0]).abs().max() < TOL
+        gen = SequenceGenerator([model], JOINED, beam_size=4, max_len_b=12)
+        in_batch = gen.generate([model], {"net_input": {"src_tokens": batch, "src_lengths": batch.ne(1).sum(1)}})
+        by_itself = gen.generate([model], {"net_input": {"src_tokens": alone, "src_lengths": torch.tensor([3])}})
+    for a, b in zip(in_batch[0], by_itself[0]):
+        assert torch.equal(a["tokens"], b["tokens"])
+        assert a["score"].item() == pytest.approx(b["score"].item(), abs=TOL)
+
+
+# ---------------------------------------------------------------- Wu et al.'s length penalty
+
+def test_wu_length_penalty_scores_are_log_prob_over_lp():
+    model = build(share_all_embeddings=True, seed=7)
+    src = tokens(JOINED, [6, 4, 9], seed=8)
+    alpha = 0.6
+    gen = WuSequenceGenerator([model], JOINED, beam_size=4, max_len_b=10, wu_alpha=alpha)
+    with torch.no_grad():
+        hypos = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": src.ne(1).sum(1)}})
+        for i, sentence in enumerate(hypos):
+            assert len(sentence) == 4
+            scores = [h["score"].item() for h in sentence]
+            assert scores == sorted(scores, reverse=True)  # ranked by log P / lp
+            for h in sentence:
+                y = h["tokens"]  # ends with EOS
+                prev = torch.cat([torch.tensor([JOINED.eos()]), y[:-1]])[None]
+                lp = log_probs(model, src[i: i + 1], prev)[0]
+                log_p = lp.gather(1, y[:, None]).sum().item()  # log P(Y|X) by a full forward
+                penalty = ((5 + len(y)) / 6) ** alpha  # lp(Y) = (5 + |Y|)^α / (5 + 1)^α
+                assert h["score"].item() == pytest.approx(log_p / penalty, abs=1e-4)
+
+
+def test_wu_task_refuses_fairseqs_lenpen():
+    wu_task = TranslationWuTask(TranslationWuConfig(), JOINED, JOINED)
+    model = build(share_all_embeddings=True)
+    assert isinstance(wu_task.build_generator([model], Namespace(beam=4)), WuSequenceGenerator)
+    with pytest.raises(ConfigError, match="--lenpen 2.0 does not apply.*--wu-lenpen"):
+        wu_task.build_generator([model], Namespace(beam=4, lenpen=2.0))
+
+
+# ---------------------------------------------------------------- build-time errors
+
+def test_build_errors_name_the_flag():
+    with pytest.raises(ConfigError, match="--share-all-embeddings needs a joined dictionary"):
+        build(src=SRC, tgt=TGT, share_all_embeddings=True)
+    with pytest.raises(ConfigError, match="--encoder-embed-dim 64 is not divisible by --encoder-attention-heads 3"):
+        build(encoder_attention_heads=3)
+    with pytest.raises(ConfigError, match="--alignment-layer 5"):
+        build(alignment_layer=5)
+
+
+def test_training_mode_skips_attention_weights_and_applies_dropout():
+    model = build(share_all_embeddings=True)
+    model.train()
+    for layer in model.decoder.layers:
+        layer.dropout = 0.5
+    src, prev = tokens(JOINED, [5, 4]), prev_output(JOINED, [4, 4])
+    out1, extra = model(src, None, prev)
+    out2, _ = model(src, None, prev)
+    assert extra["attn"] == [None]
+    assert not torch.allclose(out1, out2)
+    F.log_softmax(out1, -1).sum().backward()  # differentiable end to end
+    assert model.encoder.embed_tokens.weight.grad is not None

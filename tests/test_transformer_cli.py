@@ -1,0 +1,128 @@
+"""vaswani_transformer through fairseq's command-line tools: the converter oracle against
+fairseq's built-in transformer, end-to-end training/generation with alignments and Wu's
+length penalty, and the errors users see."""
+import os
+import re
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+from fairseq_plugins.cli import convert_transformer
+from helpers import USER_DIR, run, train
+
+pytestmark = pytest.mark.slow
+
+BUILTIN = ["--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2",
+           "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+           "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+           "--share-all-embeddings", "--dropout", "0.1", "--attention-dropout", "0.1"]
+PAPER_RECIPE = ["--criterion", "label_smoothed_xent", "--label-smoothing", "0.1",
+                "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-9", "--no-epoch-checkpoints"]
+
+
+def generate(data, path, *flags):
+    """fairseq-generate output as {id: {"H": tokens, "A": alignment}} for every sentence."""
+    out = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", path, "--beam", "4",
+               "--batch-size", "16", "--cpu", "--num-workers", "0", *flags])
+    result = {}
+    for line in out.splitlines():
+        m = re.match(r"^([HA])-(\d+)\t(.*)$", line)
+        if m:
+            fields = m.group(3).split("\t")
+            result.setdefault(int(m.group(2)), {})[m.group(1)] = fields[-1]
+    return result, out
+
+
+def valid_batch(task, n=12):
+    dataset = task.dataset("valid")
+    return dataset.collater([dataset[i] for i in range(n)])
+
+
+def test_converted_builtin_checkpoint_gives_same_log_probs_and_translations(data_bin, tmp_path):
+    save_dir = str(tmp_path / "builtin")
+    train(data_bin, save_dir, BUILTIN, 4, extra=PAPER_RECIPE)
+    fairseq_ckpt = os.path.join(save_dir, "checkpoint_last.pt")
+    converted = str(tmp_path / "converted.pt")
+    out = run(["fairseq-plugins-convert-transformer", fairseq_ckpt, converted])
+    assert "fairseq positions" in out
+
+    models = {}
+    for name, path in (("fairseq", fairseq_ckpt), ("ours", converted)):
+        ensemble, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data_bin})
+        task.load_dataset("valid")
+        models[name] = (ensemble[0].eval(), task)
+    assert type(models["ours"][0]).__name__ == "VaswaniTransformerModel"
+    sample = valid_batch(models["fairseq"][1])
+    with torch.no_grad():
+        lp = {name: model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
+              for name, (model, _) in models.items()}
+    real = sample["target"].ne(models["fairseq"][1].target_dictionary.pad())
+    assert (lp["ours"] - lp["fairseq"])[real].abs().max() < 1e-5
+
+    theirs, _ = generate(data_bin, fairseq_ckpt, "--print-alignment")
+    ours, _ = generate(data_bin, converted, "--print-alignment")
+    assert len(ours) == len(theirs) > 0
+    assert ours == theirs  # same hypotheses and same alignments (last layer, averaged over heads)
+
+
+def test_converter_errors_are_one_line(data_bin, tmp_path, capsys):
+    existing = tmp_path / "out.pt"
+    existing.write_bytes(b"keep me")
+    not_a_checkpoint = tmp_path / "notes.txt"
+    not_a_checkpoint.write_text("hello\n")
+    for argv, message in [
+        ([str(not_a_checkpoint), str(tmp_path / "a.pt")], "notes.txt: not a readable checkpoint"),
+        ([str(tmp_path / "missing.pt"), str(tmp_path / "b.pt")], "missing.pt does not exist"),
+        ([str(not_a_checkpoint), str(existing)], "out.pt exists; pass --force"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            convert_transformer.main(argv)
+        text = str(e.value.code)
+        assert message in text and "\n" not in text
+    assert existing.read_bytes() == b"keep me"  # never overwritten without --force
+
+
+def test_tiny_transformer_trains_and_generates_with_alignments(data_bin, tmp_path):
+    save_dir = str(tmp_path / "tiny")
+    log = train(data_bin, save_dir, ["--arch", "vaswani_transformer_tiny", "--share-all-embeddings"], 6,
+                extra=PAPER_RECIPE + ["--lr-scheduler", "inverse_sqrt_warmup", "--model-dim", "64",
+                                      "--warmup-updates", "4", "--lr", "1"])
+    assert "num_updates 6" in log
+    ckpt = os.path.join(save_dir, "checkpoint_last.pt")
+    state = checkpoint_utils.load_checkpoint_to_cpu(ckpt)
+    assert state["cfg"]["model"].arch == "vaswani_transformer_tiny"
+
+    hypos, out = generate(data_bin, ckpt, "--task", "translation_wu", "--wu-lenpen", "0.6",
+                          "--max-len-a", "1", "--max-len-b", "50", "--print-alignment")
+    sources = {int(m.group(1)): m.group(2).split() for m in re.finditer(r"^S-(\d+)\t(.*)$", out, re.M)}
+    assert len(hypos) == len(sources) == 30
+    for sid, h in hypos.items():
+        hyp_len = len(h["H"].split()) if h["H"] else 0
+        pairs = [tuple(map(int, p.split("-"))) for p in h["A"].split()]
+        assert len(pairs) == hyp_len  # one source position per target word
+        assert all(0 <= s <= len(sources[sid]) and 0 <= t < hyp_len for s, t in pairs)
+
+
+def test_bad_input_gives_one_line_errors(data_bin, data_bin_separate, tmp_path):
+    tiny = ["--arch", "vaswani_transformer_tiny"]
+    proc = run(["fairseq-train", data_bin_separate, "--user-dir", USER_DIR, *tiny, "--share-all-embeddings",
+                "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "1000", "--cpu",
+                "--save-dir", str(tmp_path / "x")], check=False)
+    assert proc.returncode != 0
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("error: --share-all-embeddings needs a joined dictionary")
+    assert "Traceback" not in proc.stdout
+
+    # sentences longer than --max-source-positions: an error naming the limit in training
+    # unless --skip-invalid-size-inputs-valid-test, and at generation time
+    short = ["--max-source-positions", "8", "--max-target-positions", "8"]
+    proc = run(["fairseq-train", data_bin, "--user-dir", USER_DIR, *tiny, *short, "--optimizer", "adam",
+                "--lr", "0.001", "--max-tokens", "1000", "--cpu", "--max-update", "1",
+                "--save-dir", str(tmp_path / "y")], check=False)
+    assert proc.returncode != 0 and "max_positions=(8, 8)" in proc.stdout
+    save_dir = str(tmp_path / "short")
+    train(data_bin, save_dir, [*tiny, *short, "--skip-invalid-size-inputs-valid-test"], 1)
+    proc = run(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path",
+                os.path.join(save_dir, "checkpoint_last.pt"), "--cpu", "--batch-size", "8"], check=False)
+    assert proc.returncode != 0 and "max_positions=(8, 8)" in proc.stdout
