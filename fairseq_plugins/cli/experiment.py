@@ -105,8 +105,11 @@ def best_valid(train_log):
     return best
 
 
-def train_and_evaluate(work, name, data, train_flags, max_update, minutes, average=5):
-    """Train ``name`` with fairseq-train, average the last checkpoints, translate and score."""
+def train_and_evaluate(work, name, data, train_flags, max_update, minutes, average=5, score_last=False):
+    """Train ``name`` with fairseq-train, average the last checkpoints, translate and score.
+
+    With ``score_last`` the last checkpoint is translated and scored too (``result["last"]``).
+    """
     out = os.path.join(work, name)
     result_path = os.path.join(out, "result.json")
     if os.path.exists(result_path):
@@ -118,21 +121,26 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
     say(f"{name}: fairseq-train, {max_update} updates or {minutes:g} minutes")
     start = time.time()
     run(["fairseq-train", data, "--user-dir", USER_DIR, *train_flags, "--cpu", "--max-update", max_update,
-         "--stop-time-hours", minutes / 60, "--save-dir", ckpt, "--save-interval-updates", max(1, max_update // 10),
+         "--stop-time-hours", minutes / 60, "--save-dir", ckpt, "--save-interval-updates", max(1, max_update // 30),
          "--keep-interval-updates", average, "--no-epoch-checkpoints", "--no-progress-bar",
-         "--log-interval", max(1, max_update // 5), "--seed", 1, "--num-workers", 0],
+         "--log-interval", max(1, max_update // 30), "--seed", 1, "--num-workers", 0],
         os.path.join(out, "train.log"), echo=(" | train_inner | ", " | valid | "))
     train_minutes = (time.time() - start) / 60
-    kept = len([f for f in os.listdir(ckpt) if UPDATE_PATTERN.match(f)])
-    averaged = os.path.join(out, "average.pt")
-    say(f"{name}: averaging the last {min(average, kept)} checkpoints, then fairseq-generate (beam 4)")
-    run([sys.executable, "-m", "fairseq_plugins.cli.average_checkpoints", "--inputs", ckpt,
-         "--num-update-checkpoints", min(average, kept), "--output", averaged], os.path.join(out, "average.log"))
-    result = {"model": name, "parameters": count_parameters(averaged), "train_minutes": round(train_minutes, 1),
-              **score(generate(data, averaged, os.path.join(out, "generate.txt"))),
-              "last": score(generate(data, os.path.join(ckpt, "checkpoint_last.pt"),
-                                     os.path.join(out, "generate-last.txt"))),
+    kept = min(average, len([f for f in os.listdir(ckpt) if UPDATE_PATTERN.match(f)]))
+    evaluated = os.path.join(out, "average.pt")
+    if kept:
+        say(f"{name}: averaging the last {kept} checkpoints, then fairseq-generate (beam 4)")
+        run([sys.executable, "-m", "fairseq_plugins.cli.average_checkpoints", "--inputs", ckpt,
+             "--num-update-checkpoints", kept, "--output", evaluated], os.path.join(out, "average.log"))
+    else:  # the time limit came before the first interval checkpoint
+        say(f"{name}: no interval checkpoint to average; fairseq-generate (beam 4) on the last one")
+        evaluated = os.path.join(ckpt, "checkpoint_last.pt")
+    result = {"model": name, "parameters": count_parameters(evaluated), "train_minutes": round(train_minutes, 1),
+              "averaged": kept, **score(generate(data, evaluated, os.path.join(out, "generate.txt"))),
               "valid": best_valid(os.path.join(out, "train.log"))}
+    if score_last:
+        result["last"] = score(generate(data, os.path.join(ckpt, "checkpoint_last.pt"),
+                                        os.path.join(out, "generate-last.txt")))
     with open(result_path, "w") as f:
         json.dump(result, f)
     return result
