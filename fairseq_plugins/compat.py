@@ -16,6 +16,14 @@ Batching. fairseq's main branch (hence fairseq-fixed, not 0.12.2) drops the last
 ``batch_by_size`` whenever its size is not a multiple of ``--required-batch-size-multiple``:
 ``fairseq-generate`` then silently translates 24 of 30 test sentences and scores BLEU on
 them, and validation skips sentences too. :func:`batch_by_size` puts that batch back.
+
+Built-in transformer encoder (fairseq 0.12.2 only). Once a checkpoint is loaded, 0.12.2's
+``TransformerEncoderLayerBase`` takes a "BetterTransformer" fast path in eval mode that
+calls ``torch._transformer_encoder_layer_fwd`` without the ``mask_type`` argument torch >= 2.0
+requires, so ``fairseq-generate`` on a built-in ``transformer`` dies with ``RuntimeError:
+Mask Type should be defined`` (upstream issues #4858, #4899; fairseq's main branch removed
+the fast path). :func:`load_encoder_layer_state` keeps such layers on the ordinary path,
+which computes the same function from the same weights.
 """
 import argparse
 import contextlib
@@ -25,6 +33,7 @@ import numpy as np
 import torch
 from fairseq import checkpoint_utils
 from fairseq.data import data_utils
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from omegaconf import DictConfig, OmegaConf
 
 from fairseq_plugins.errors import CheckpointError, install_excepthook
@@ -109,12 +118,30 @@ def batch_by_size(indices, *args, _fairseq_batch_by_size=data_utils.batch_by_siz
     return batches
 
 
+def load_encoder_layer_state(layer, *args, _fairseq_load=TransformerEncoderLayerBase._load_from_state_dict):
+    """0.12.2's state-dict loading, which also fills the fast path's fused weights, without arming that path."""
+    _fairseq_load(layer, *args)
+    layer.load_to_BT = False  # the flag both the encoder and its layers test before the fast path
+
+
+def is_encoder_fast_path_copy(key):
+    """Whether ``key`` is one of the state-dict entries 0.12.2's encoder layers add for that fast path.
+
+    ``encoder.layers.N.{in_proj,out_proj,fc1,fc2}_{weight,bias}``: copies of ``self_attn``'s
+    q/k/v/out projections and of ``fc1``/``fc2`` (zeros in a checkpoint saved by training), so
+    a converter can drop them. Checkpoints of other fairseq versions have none.
+    """
+    return re.search(r"(^|\.)encoder\.layers\.\d+\.(in_proj|out_proj|fc1|fc2)_(weight|bias)$", key) is not None
+
+
 def install():
     if hasattr(torch.serialization, "add_safe_globals"):
         torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
     if checkpoint_utils.load_checkpoint_to_cpu is not load_checkpoint_to_cpu:
         checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
     data_utils.batch_by_size = batch_by_size
+    if "_load_from_state_dict" in vars(TransformerEncoderLayerBase):  # only 0.12.2 overrides it (fast path)
+        TransformerEncoderLayerBase._load_from_state_dict = load_encoder_layer_state
     install_excepthook()
 
 
