@@ -2,9 +2,11 @@
 
 Importing the package registers every model, criterion, LR scheduler and task of the
 suite with fairseq's registries, and lets fairseq load its own checkpoints under
-torch >= 2.6 without turning off ``weights_only`` (see :mod:`fairseq_plugins.compat`).
+torch >= 2.6 without turning off ``weights_only`` (see :mod:`fairseq_plugins.compat`), and
+makes every checkpoint write atomic (see :mod:`fairseq_plugins.atomic_checkpoints`).
 """
 from fairseq_plugins import compat  # noqa: F401  (first: checkpoint loading)
+from fairseq_plugins import atomic_checkpoints  # noqa: F401  (atomic checkpoint writes)
 from fairseq_plugins import criterions, lr_schedulers, models, tasks  # noqa: F401
 
 __version__ = "0.1.0"

@@ -54,6 +54,10 @@ FAIRSEQ_CHECKPOINT_GLOBALS = [
 def _refusal(name, error):
     """One line saying why ``name`` could not be read as a checkpoint."""
     text = str(error)
+    operand = re.search(r"Unsupported operand (\d+)", text)
+    if operand:
+        return (f"{name}: refused to load: pickle instruction {operand.group(1)} is not allowed in a weights-only "
+                "load (fairseq checkpoints never use it)")
     match = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", text)
     if match:
         return (f"{name}: refused to load: it needs {match.group(1)}, which fairseq checkpoints never hold "

@@ -1,0 +1,548 @@
+"""Reliability: kill -9 and resume, full disk, corrupt and hostile checkpoints, bad corpora,
+numerical faults. Every test drives the real command-line tools (see docs/RELIABILITY.md).
+"""
+import hashlib
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from helpers import TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, run
+
+from fairseq_plugins import atomic_checkpoints
+from fairseq_plugins.compat import load_state
+from fairseq_plugins.errors import CheckpointError
+
+SUITE_TRAINING = ["--criterion", "label_smoothed_xent", "--label-smoothing", "0.1", "--lr-scheduler",
+                  "inverse_sqrt_warmup", "--warmup-updates", "4", "--optimizer", "adam", "--lr", "0.002"]
+# One thread per trainer: the runs are small, and two cores are shared by the whole suite.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def train_cmd(data, save_dir, max_update, *extra, arch=TINY_BUILTIN_TRANSFORMER):
+    cmd = ["fairseq-train", data, "--user-dir", USER_DIR, *arch, *SUITE_TRAINING, "--max-tokens", 500,
+           "--max-update", max_update, "--save-dir", save_dir, "--cpu", "--seed", 1, "--no-progress-bar",
+           "--log-interval", 1, "--num-workers", 0, *extra]
+    return [str(a) for a in cmd]
+
+
+def run_failing(cmd, **popen):
+    """Run ``cmd``; it must fail. Return its stdout+stderr."""
+    proc = subprocess.run([str(c) for c in cmd], env=cli_env(ONE_THREAD), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, **popen)
+    assert proc.returncode != 0, f"{' '.join(map(str, cmd))} succeeded:\n{proc.stdout[-3000:]}"
+    return proc.stdout
+
+
+def last_line(output):
+    return output.strip().splitlines()[-1]
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def assert_same(a, b, where="checkpoint"):
+    """Bitwise equality of nested checkpoint entries (tensors with torch.equal)."""
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def num_updates(state):
+    return state["optimizer_history"][-1]["num_updates"]
+
+
+# ------------------------------------------------------------------ atomic writes (in process)
+
+
+def test_package_import_makes_fairseq_checkpoint_writes_atomic():
+    """What ``--user-dir fairseq_plugins`` gives every fairseq command (a fresh, isolated interpreter)."""
+    probe = ("import fairseq_plugins\n"
+             "from fairseq import checkpoint_utils\n"
+             "print(checkpoint_utils.torch_persistent_save.__module__, checkpoint_utils.PathManager.__name__)\n")
+    out = subprocess.run([sys.executable, "-I", "-c", probe], stdout=subprocess.PIPE, text=True, check=True).stdout
+    assert out.split() == ["fairseq_plugins.atomic_checkpoints", "AtomicPathManager"]
+
+
+def test_copy_into_full_disk_raises_one_line_and_keeps_previous_file(tmp_path):
+    """A real ENOSPC: the temporary file is a link to /dev/full, which refuses every write."""
+    src, dst = tmp_path / "checkpoint_2_8.pt", tmp_path / "checkpoint_last.pt"
+    torch.save({"new": torch.ones(1000)}, src)
+    torch.save({"old": torch.zeros(3)}, dst)
+    before = sha256(dst)
+    os.symlink("/dev/full", str(dst) + ".tmp")
+    with pytest.raises(CheckpointError) as error:
+        atomic_checkpoints.AtomicPathManager.copy(str(src), str(dst), overwrite=True)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{dst}: checkpoint not saved")
+    assert "(ENOSPC)" in message and "intact" in message
+    assert sha256(dst) == before
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_2_8.pt", "checkpoint_last.pt"]
+
+
+def test_interrupted_save_removes_its_temporary_file_and_leaves_target(tmp_path):
+    target = tmp_path / "checkpoint_last.pt"
+    torch.save({"old": torch.zeros(3)}, target)
+    before = sha256(target)
+
+    class Interrupt(BaseException):
+        pass
+
+    with pytest.raises(Interrupt):
+        with atomic_checkpoints.atomic_write(str(target)) as f:
+            f.write(b"half a checkpoint")
+            raise Interrupt
+    assert sha256(target) == before and os.listdir(tmp_path) == ["checkpoint_last.pt"]
+
+
+@pytest.mark.slow
+def test_kill_9_in_the_middle_of_a_write_leaves_the_previous_file(tmp_path):
+    """The writer is killed (SIGKILL, no cleanup possible) after half of the bytes are out."""
+    target = tmp_path / "checkpoint_last.pt"
+    torch.save({"old": torch.zeros(3)}, target)
+    before = sha256(target)
+    child = (
+        "import os, signal, sys\n"
+        "from fairseq_plugins.atomic_checkpoints import atomic_write\n"
+        "with atomic_write(sys.argv[1]) as f:\n"
+        "    f.write(b'x' * 100000); f.flush()\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", child, str(target)], env=cli_env())
+    assert proc.returncode == -signal.SIGKILL
+    assert os.path.getsize(str(target) + ".tmp") == 100000  # the kill came mid-save
+    assert sha256(target) == before
+    assert torch.equal(torch.load(target)["old"], torch.zeros(3))
+
+
+# ------------------------------------------------------------------ 1. kill -9 and resume
+
+# Runs fairseq-train in this process after slowing down one thing: the copy onto
+# checkpoint_last.pt.tmp writes 64 KiB, then stalls, so that the test can kill -9 the trainer
+# with a half-written temporary file on disk. The kill itself is real.
+STALL_ON_LAST_CHECKPOINT_COPY = """
+import shutil, sys, time
+from fairseq_cli.train import cli_main
+copyfileobj = shutil.copyfileobj
+def stalling_copyfileobj(src, dst, length=0):
+    if dst.name.endswith("checkpoint_last.pt.tmp"):
+        dst.write(src.read(1 << 16)); dst.flush(); time.sleep(300)
+    copyfileobj(src, dst, length)
+shutil.copyfileobj = stalling_copyfileobj
+sys.argv[0] = "fairseq-train"
+cli_main()
+"""
+
+
+def run_until_killed(cmd, kill_when, timeout=240):
+    """Start ``cmd``; kill -9 it once ``kill_when(log_lines)`` holds. Return whether it was killed."""
+    proc = subprocess.Popen(cmd, env=cli_env(ONE_THREAD), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "trainer neither finished nor reached the kill point:\n" + "".join(
+                lines[-30:])
+            if kill_when(lines):
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                return True
+            time.sleep(0.005)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join()
+    assert proc.returncode == 0, "trainer failed:\n" + "".join(lines[-40:])
+    return False
+
+
+def after_update(n, delay):
+    """Kill condition: ``delay`` seconds after the log line of update ``n``."""
+    seen = {}
+
+    def condition(lines):
+        if "t" not in seen and any(f"num_updates={n}," in line for line in lines):
+            seen["t"] = time.monotonic()
+        return "t" in seen and time.monotonic() - seen["t"] >= delay
+
+    return condition
+
+
+def assert_loads_if_present(path):
+    if os.path.exists(path):
+        state = load_state(path)  # a truncated file would raise CheckpointError here
+        return num_updates(state)
+    return 0
+
+
+KILL_RESUME_ARCHS = {
+    "builtin_transformer": TINY_BUILTIN_TRANSFORMER,
+    "vaswani_transformer_tiny": ["--arch", "vaswani_transformer_tiny"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(KILL_RESUME_ARCHS))
+def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path, data_bin, arch):
+    arch_args = KILL_RESUME_ARCHS[arch]
+    total, every = 12, 3  # 8 updates per epoch: saves mid-epoch and at epoch ends
+    # fairseq builds an epoch's batches from the epoch the process started in unless
+    # --update-epoch-batch-itr rebuilds them every epoch (see the next test).
+    resumable = ["--save-interval-updates", every, "--update-epoch-batch-itr", "True"]
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    context = f"(kill moments drawn with random.Random({seed}))"
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    run(train_cmd(data_bin, straight, total, *resumable, arch=arch_args), env=ONE_THREAD)
+
+    args = train_cmd(data_bin, killed, total, *resumable, arch=arch_args)
+    last = os.path.join(killed, "checkpoint_last.pt")
+    # Kill moments: within (a random fraction of ~one update after) the log line of a random update,
+    # early enough that the run cannot have finished: restarting a finished run trains one extra update.
+    # 1st kill: early in epoch 1.
+    assert run_until_killed(args, after_update(rng.randint(1, 4), rng.uniform(0, 0.02))), context
+    assert_loads_if_present(last)
+    # 2nd kill: during the write of checkpoint_last.pt (a half-written .tmp is on disk).
+    stalled = [sys.executable, "-c", STALL_ON_LAST_CHECKPOINT_COPY] + args[1:]
+    tmp, started = last + ".tmp", time.time()
+    assert run_until_killed(stalled, lambda lines: os.path.exists(tmp) and os.path.getsize(tmp) > 0
+                            and os.path.getmtime(tmp) >= started), context
+    assert 0 < os.path.getsize(tmp) < os.path.getsize(os.path.join(straight, "checkpoint_last.pt"))
+    resumed_from = assert_loads_if_present(last)
+    saved = [num_updates(load_state(os.path.join(killed, name))) for name in os.listdir(killed)
+             if name.endswith(".pt") and name != "checkpoint_last.pt"]
+    assert resumed_from < max(saved), "checkpoint_last.pt should predate the save that was killed"
+    # 3rd kill: around the end of epoch 1 / start of epoch 2.
+    assert run_until_killed(args, after_update(rng.randint(7, 9), rng.uniform(0, 0.02))), context
+    assert assert_loads_if_present(last) < total, context
+    # Last restart runs to the end.
+    assert not run_until_killed(args, lambda lines: False), context
+
+    a, b = load_state(os.path.join(straight, "checkpoint_last.pt")), load_state(last)
+    assert num_updates(a) == num_updates(b) == total
+    assert_same(a["model"], b["model"], "model")
+    assert_same(a["last_optimizer_state"], b["last_optimizer_state"], "optimizer state")
+    for key in ("num_updates", "optimizer_name", "criterion_name"):
+        assert_same(a["optimizer_history"][-1][key], b["optimizer_history"][-1][key], key)
+    # The scheduler's "best" validation loss is the one entry fairseq does not restore exactly: it saves
+    # the end-of-epoch checkpoint *before* calling lr_step(epoch, val_loss), so a run resumed from
+    # that checkpoint never records that epoch's loss (None here). inverse_sqrt_warmup does not
+    # read it; the learning rate it sets is compared bitwise in the optimizer state above.
+    a_scheduler, b_scheduler = (dict(s["optimizer_history"][-1]["lr_scheduler_state"]) for s in (a, b))
+    assert b_scheduler.pop("best") in (a_scheduler.pop("best"), None)
+    assert_same(a_scheduler, b_scheduler, "lr_scheduler_state")
+    assert_same(a["extra_state"]["train_iterator"], b["extra_state"]["train_iterator"], "train_iterator")
+
+
+def epoch_batches(data_bin, start_epoch, epoch):
+    """Sentence ids of each batch of ``epoch`` for a trainer process started in ``start_epoch``."""
+    from fairseq import options, tasks
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [data_bin, *TINY_BUILTIN_TRANSFORMER, "--max-tokens", "500"])
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    iterator = task.get_batch_iterator(task.dataset("train"), max_tokens=500, seed=1, epoch=start_epoch)
+    for _ in range(start_epoch, epoch + 1):
+        batches = [batch["id"].tolist() for batch in iterator.next_epoch_itr(shuffle=True)]
+    assert iterator.epoch == epoch
+    return batches
+
+
+def test_fairseq_default_batches_depend_on_the_epoch_the_process_started_in(data_bin):
+    """Why the kill/resume test passes --update-epoch-batch-itr: without it, a run resumed in
+    epoch 2 trains on other batches than the run that went through epoch 1."""
+    through_epoch_1, resumed_in_epoch_2 = epoch_batches(data_bin, 1, 2), epoch_batches(data_bin, 2, 2)
+    assert sorted(sum(through_epoch_1, [])) == sorted(sum(resumed_in_epoch_2, []))  # the same sentences...
+    assert sorted(map(sorted, through_epoch_1)) != sorted(map(sorted, resumed_in_epoch_2))  # ...grouped otherwise
+
+
+# ------------------------------------------------------------------ 2. full disk
+
+
+def limit_file_size(limit):
+    def preexec():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return preexec
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory, data_bin):
+    """A save directory after 3 updates of the tiny built-in transformer."""
+    save = str(tmp_path_factory.mktemp("short-run"))
+    run(train_cmd(data_bin, save, 3, "--save-interval-updates", 3), env=ONE_THREAD)
+    return save
+
+
+@pytest.mark.slow
+def test_full_disk_during_training_fails_cleanly_and_keeps_last_checkpoint(tmp_path, data_bin, short_run):
+    save = str(tmp_path / "save")
+    shutil.copytree(short_run, save)
+    last = os.path.join(save, "checkpoint_last.pt")
+    before = sha256(last)
+    output = run_failing(train_cmd(data_bin, save, 6, "--save-interval-updates", 3),
+                         preexec_fn=limit_file_size(os.path.getsize(last) // 2))
+    assert "Traceback" not in output
+    assert re.fullmatch(rf"error: {re.escape(save)}/checkpoint_1_6\.pt: checkpoint not saved: File too large "
+                        r"\(EFBIG\); .*intact.*", last_line(output)), last_line(output)
+    assert sha256(last) == before and num_updates(load_state(last)) == 3
+    assert not [name for name in os.listdir(save) if name.endswith(".tmp")]
+
+
+@pytest.mark.slow
+def test_averaging_onto_full_disk_fails_cleanly(tmp_path, short_run):
+    output = str(tmp_path / "avg.pt")
+    torch.save({"old": torch.zeros(3)}, output)
+    before = sha256(output)
+    os.symlink("/dev/full", output + ".tmp")
+    out = run_failing(["fairseq-plugins-average", "--inputs", os.path.join(short_run, "checkpoint_last.pt"),
+                       os.path.join(short_run, "checkpoint_1_3.pt"), "--output", output])
+    assert last_line(out).startswith(f"error: {output}: checkpoint not saved: No space left on device (ENOSPC);")
+    assert sha256(output) == before and sorted(os.listdir(tmp_path)) == ["avg.pt"]
+
+
+# ------------------------------------------------------------------ 3. corrupt and hostile checkpoints
+
+
+class RunsCode:
+    """Unpickling this calls os.system: a checkpoint loader must never do it."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture(scope="module")
+def bad_checkpoints(tmp_path_factory, data_bin, short_run):
+    root = tmp_path_factory.mktemp("bad-checkpoints")
+    marker = str(root / "CODE_WAS_RUN")
+    good = os.path.join(short_run, "checkpoint_last.pt")
+    with open(good, "rb") as f:
+        data = f.read()
+    files = {"truncated": data[: len(data) // 2], "text": b"model = transformer\nthis is not a checkpoint\n"}
+    for name, content in files.items():
+        (root / f"{name}.pt").write_bytes(content)
+    torch.save({"model": RunsCode(marker)}, root / "hostile_zip.pt")
+    torch.save({"model": RunsCode(marker)}, root / "hostile_legacy.pt", _use_new_zipfile_serialization=False)
+    other = str(root / "other")
+    run(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "lstm", "--encoder-embed-dim", "16",
+         "--encoder-hidden-size", "16", "--decoder-embed-dim", "16", "--decoder-hidden-size", "16",
+         "--decoder-out-embed-dim", "16", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500",
+         "--max-update", "1", "--save-dir", other, "--cpu", "--disable-validation", "--no-epoch-checkpoints",
+         "--num-workers", "0"], env=ONE_THREAD)
+    return {"good": good, "marker": marker, "other_arch": os.path.join(other, "checkpoint_last.pt"),
+            **{name: str(root / f"{name}.pt") for name in ["truncated", "text", "hostile_zip", "hostile_legacy"]}}
+
+
+REFUSALS = {
+    "truncated": r"not a readable checkpoint, truncated or not a torch file",
+    "text": r"not a readable checkpoint, truncated or not a torch file",
+    "hostile_zip": r"refused to load: it needs posix\.system.*could run code",
+    "hostile_legacy": r"refused to load: it needs posix\.system.*could run code",
+}
+
+
+def assert_refused(output, path, reason, prefix="error: "):
+    assert "Traceback" not in output, output[-3000:]
+    assert re.fullmatch(rf"{prefix}{re.escape(path)}: {reason}.*", last_line(output)), last_line(output)
+
+
+CONVERTER_PREFIX = "fairseq-plugins-convert-transformer: error: "
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(REFUSALS))
+def test_generate_average_convert_refuse_bad_checkpoints_without_running_code(kind, bad_checkpoints, data_bin,
+                                                                              tmp_path):
+    path, output = bad_checkpoints[kind], str(tmp_path / "out.pt")
+    out = run_failing(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", path, "--gen-subset", "valid",
+                       "--max-tokens", "1000", "--cpu"])
+    assert_refused(out, path, REFUSALS[kind])
+    out = run_failing(["fairseq-plugins-average", "--inputs", bad_checkpoints["good"], path, "--output", output])
+    assert_refused(out, path, REFUSALS[kind])
+    out = run_failing(["fairseq-plugins-convert-transformer", path, output])
+    assert_refused(out, path, REFUSALS[kind], prefix=CONVERTER_PREFIX)
+    assert not os.path.exists(output)
+    assert not os.path.exists(bad_checkpoints["marker"])
+
+
+@pytest.mark.slow
+def test_average_and_convert_refuse_checkpoints_of_another_architecture(bad_checkpoints, tmp_path):
+    output, other = str(tmp_path / "out.pt"), bad_checkpoints["other_arch"]
+    out = run_failing(["fairseq-plugins-average", "--inputs", bad_checkpoints["good"], other, "--output", output])
+    assert_refused(out, other, r"parameters differ from .*: different architectures")
+    out = run_failing(["fairseq-plugins-convert-transformer", other, output])
+    assert_refused(out, other, r".*\blstm\b", prefix=CONVERTER_PREFIX)
+    assert not os.path.exists(output)
+
+
+# ------------------------------------------------------------------ 4. bad corpora
+
+
+def write_pairs(directory, name, src_lines, tgt_lines, src_newline=b"\n"):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"{name}.src"), "wb") as f:
+        f.write(b"".join(line + src_newline for line in src_lines))
+    with open(os.path.join(directory, f"{name}.tgt"), "wb") as f:
+        f.write(b"".join(line + b"\n" for line in tgt_lines))
+
+
+def read_pairs(corpus_dir, split="train", n=40):
+    lines = {}
+    for side in ("src", "tgt"):
+        with open(os.path.join(corpus_dir, f"{split}.{side}"), "rb") as f:
+            lines[side] = f.read().splitlines()[:n]
+    return lines["src"], lines["tgt"]
+
+
+def binarized_lengths(data, split="train"):
+    from fairseq.data import Dictionary, data_utils
+
+    dictionary = Dictionary.load(os.path.join(data, "dict.src.txt"))
+    return {side: [len(s) for s in data_utils.load_indexed_dataset(os.path.join(data, f"{split}.src-tgt.{side}"),
+                                                                    dictionary)]
+            for side in ("src", "tgt")}
+
+
+def preprocess_train(raw, dest, data_bin):
+    return run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
+                "--destdir", dest, "--workers", "1", "--srcdict", os.path.join(data_bin, "dict.src.txt"),
+                "--tgtdict", os.path.join(data_bin, "dict.tgt.txt")])
+
+
+@pytest.mark.slow
+def test_mismatched_line_counts_are_an_error_never_a_shifted_alignment(tmp_path, corpus_dir, data_bin):
+    src, tgt = read_pairs(corpus_dir)
+    raw, dest = str(tmp_path / "raw"), str(tmp_path / "bin")
+    write_pairs(raw, "train", src, tgt[:-1])
+    # fairseq-preprocess binarizes the two sides independently and accepts them...
+    preprocess_train(raw, dest, data_bin)
+    for split in ("valid", "test"):
+        for suffix in ("src", "tgt"):
+            shutil.copy(os.path.join(data_bin, f"{split}.src-tgt.{suffix}.bin"), dest)
+            shutil.copy(os.path.join(data_bin, f"{split}.src-tgt.{suffix}.idx"), dest)
+    # ...and fairseq-train refuses them when it loads the split (an assertion, with a traceback).
+    out = run_failing(train_cmd(dest, str(tmp_path / "save"), 1))
+    assert "AssertionError: Source and target must contain the same number of examples" in out
+    # The suite's cleaning step names both files and both counts, before anything is binarized.
+    out = run_failing(["fairseq-plugins-tokenize", "clean", "--src", f"{raw}/train.src", "--tgt", f"{raw}/train.tgt",
+                       "--src-out", str(tmp_path / "c.src"), "--tgt-out", str(tmp_path / "c.tgt"),
+                       "--min-len", "1", "--max-len", "100"])
+    assert last_line(out) == (f"clean: error: line counts differ: {raw}/train.src has {len(src)} lines, "
+                              f"{raw}/train.tgt has {len(src) - 1} lines")
+    assert not os.path.exists(tmp_path / "c.src") and not os.path.exists(tmp_path / "c.tgt")
+
+
+@pytest.mark.slow
+def test_dirty_lines_shift_fairseq_preprocess_but_not_the_cleaned_corpus(tmp_path, corpus_dir, data_bin):
+    """Lone CR, CRLF, invalid UTF-8 and empty lines, raw and through ``fairseq-plugins-tokenize clean``."""
+    src, tgt = read_pairs(corpus_dir)
+    dirty = list(src)
+    dirty[5] = dirty[5].replace(b" ", b"\r", 1)  # a lone CR inside a line: Python's text mode splits there
+    dirty[7] = dirty[7] + b" \xff\xfe"  # invalid UTF-8
+    dirty[3], tgt_dirty = b"", tgt[:3] + [b""] + tgt[4:]  # an empty pair
+    raw = str(tmp_path / "raw")
+
+    # Raw fairseq-preprocess: a lone CR silently splits a source line, one sentence more than the target.
+    write_pairs(raw, "train", dirty[:7] + dirty[8:], tgt_dirty[:7] + tgt_dirty[8:], src_newline=b"\r\n")
+    preprocess_train(raw, str(tmp_path / "bin-cr"), data_bin)
+    lengths = binarized_lengths(str(tmp_path / "bin-cr"))
+    assert len(lengths["src"]) == len(lengths["tgt"]) + 1
+
+    # The suite's clean step keeps the sides aligned and counts every repair and drop.
+    write_pairs(raw, "train", dirty, tgt_dirty, src_newline=b"\r\n")
+    clean = str(tmp_path / "clean")
+    os.makedirs(clean)
+    out = run(["fairseq-plugins-tokenize", "clean", "--src", f"{raw}/train.src", "--tgt", f"{raw}/train.tgt",
+               "--src-out", f"{clean}/train.src", "--tgt-out", f"{clean}/train.tgt", "--min-len", "1",
+               "--max-len", "100"])
+    assert f"{raw}/train.src: {len(src)} lines; {len(src)} CRLF endings removed" in out
+    assert re.search(rf"kept {len(src) - 2} of {len(src)} pairs; dropped 1 outside length .*, 1 with invalid UTF-8",
+                     out), out
+    kept_src, kept_tgt = read_pairs(clean, n=len(src))
+    expected = [(s.replace(b"\r", b" "), t) for i, (s, t) in enumerate(zip(dirty, tgt_dirty)) if i not in (3, 7)]
+    assert list(zip(kept_src, kept_tgt)) == expected
+
+
+@pytest.mark.slow
+def test_ten_thousand_token_line_is_refused_or_skipped_and_counted(tmp_path, corpus_dir, data_bin):
+    src, tgt = read_pairs(corpus_dir)
+    words = b" ".join(src).split()
+    long_line = b" ".join(random.Random(0).choice(words) for _ in range(10000))
+    raw, dest = str(tmp_path / "raw"), str(tmp_path / "bin")
+    for split in ("train", "valid"):
+        write_pairs(raw, split, src[:9] + [long_line] + src[10:], tgt[:9] + [long_line] + tgt[10:])
+    run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
+         "--validpref", f"{raw}/valid", "--destdir", dest, "--workers", "1", "--srcdict",
+         os.path.join(data_bin, "dict.src.txt"), "--tgtdict", os.path.join(data_bin, "dict.tgt.txt")])
+    assert binarized_lengths(dest, "valid")["src"][9] == 10001  # kept by fairseq-preprocess (tokens + </s>)
+    # Training data: always skipped and counted (max_positions: 1024 positions, capped by --max-tokens 500).
+    out = run_failing(train_cmd(dest, str(tmp_path / "save"), 1))
+    assert re.search(r"WARNING:fairseq.tasks.fairseq_task:1 samples have invalid sizes and will be skipped, "
+                     r"max_positions=\(500, 500\), first few sample ids=\[9\]", out), out[-3000:]
+    # Validation data: refused, naming the sample and the flag that turns it into the same counted skip.
+    assert re.search(r"Size of sample #9 is invalid \(=\((np.int32\()?10001\)?, (np.int32\()?10001\)?\)\) since "
+                     r"max_positions=\(1024, 1024\), skip this example with --skip-invalid-size-inputs-valid-test",
+                     last_line(out)), out[-3000:]
+
+
+@pytest.mark.slow
+def test_missing_split_names_the_split(tmp_path, data_bin):
+    dest = str(tmp_path / "bin")
+    shutil.copytree(data_bin, dest)
+    for name in os.listdir(dest):
+        if name.startswith("valid."):
+            os.remove(os.path.join(dest, name))
+    out = run_failing(train_cmd(dest, str(tmp_path / "save"), 1))
+    assert re.search(rf"FileNotFoundError: Dataset not found: valid \({re.escape(dest)}\)", out), out[-3000:]
+
+
+# ------------------------------------------------------------------ 5. numerical faults
+
+
+@pytest.mark.slow
+def test_nan_gradients_stop_training_without_touching_the_last_checkpoint(tmp_path, data_bin):
+    """fp32 on CPU: lr 1e30 makes update 1 finite but huge and update 2's gradients NaN/Inf.
+
+    fairseq raises FloatingPointError before the optimizer step and saves crash.pt; the
+    checkpoint of update 1 stays the last one. (--fp16 needs CUDA in fairseq; --bf16 a TPU.)
+    """
+    save = str(tmp_path / "save")
+    cmd = ["fairseq-train", data_bin, "--user-dir", USER_DIR, *TINY_BUILTIN_TRANSFORMER, "--criterion",
+           "label_smoothed_xent", "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "1e30",
+           "--max-tokens", "500", "--max-update", "5", "--save-interval-updates", "1", "--save-dir", save, "--cpu",
+           "--seed", "1", "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", "--disable-validation"]
+    out = run_failing(cmd)
+    assert "FloatingPointError: gradients are Nan/Inf" in out
+    state = load_state(os.path.join(save, "checkpoint_last.pt"))
+    assert num_updates(state) == 1
+    assert all(torch.isfinite(p).all() for p in state["model"].values())
+    assert max(p.abs().max() for p in state["model"].values()) > 1e20  # update 1 did apply lr 1e30
+    crash = load_state(os.path.join(save, "crash.pt"))
+    assert_same(crash["model"], state["model"], "crash.pt model")  # the state before the failed step
