@@ -70,7 +70,7 @@ def test_generate_and_score(run_dir, tmp_path):
     assert len(hyps) == 30
     gen = tmp_path / "gen.txt"
     gen.write_text(out)
-    score = run(["fairseq-plugins-score", "--gen", gen])
+    score = run(["fairseq-plugins-score", "--gen", gen, "--out", tmp_path / "score"])
     assert "BLEU" in score and "nrefs:1" in score  # sacrebleu's signature
 
 
