@@ -56,8 +56,8 @@ def _refusal(name, error):
     text = str(error)
     operand = re.search(r"Unsupported operand (\d+)", text)
     if operand:
-        return (f"{name}: refused to load: pickle instruction {operand.group(1)} is not allowed in a weights-only "
-                "load (fairseq checkpoints never use it)")
+        return (f"{name}: not a readable checkpoint, truncated or not a torch file (pickle instruction "
+                f"{operand.group(1)} is refused by the weights-only loader)")
     match = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", text)
     if match:
         return (f"{name}: refused to load: it needs {match.group(1)}, which fairseq checkpoints never hold "

@@ -8,8 +8,15 @@ the other V - 1 types (the distribution fairseq's ``label_smoothed_cross_entropy
 Padding positions contribute nothing. Losses are summed over the batch; fairseq divides
 by ``sample_size`` (target tokens, or sentences with ``--sentence-avg``), which makes the
 gradient normalisation correct across GPUs and ``--update-freq``.
+
+``--autocast-bf16`` runs the model's forward under ``torch.autocast(bfloat16)`` on the
+parameters' device (matrix products in bf16, weights and optimizer state in fp32); the loss
+below is computed in fp32 either way. It serves every model, fairseq's built-ins included,
+where fairseq's own ``--bf16`` needs a TPU.
 """
+import functools
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +35,11 @@ class LabelSmoothedXentConfig(FairseqDataclass):
         default=0.1, metadata={"help": "epsilon_ls of the smoothed target distribution (paper: 0.1); 0 = plain NLL"}
     )
     report_accuracy: bool = field(default=False, metadata={"help": "also log token accuracy"})
+    autocast_bf16: bool = field(
+        default=False,
+        metadata={"help": "run the model's forward under torch.autocast in bfloat16 (CPU or GPU; "
+                          "weights and optimizer stay fp32); needs native bf16 support"},
+    )
     sentence_avg: bool = II("optimization.sentence_avg")
 
 
@@ -49,18 +61,41 @@ def label_smoothed_xent(lprobs, target, epsilon, padding_idx):
     return loss, nll
 
 
+@functools.lru_cache(maxsize=None)
+def _check_native_bf16(device_type):
+    """Raise unless ``device_type`` has bf16 kernels (software emulation is slower than fp32)."""
+    if device_type == "cuda":
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+    elif device_type == "cpu":
+        native = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # oneDNN: AVX-512 (BF16/AMX) or Arm BF16
+    else:
+        raise ConfigError(f"--autocast-bf16: runs on cpu or cuda devices, not on {device_type}")
+    if not native:
+        raise ConfigError(f"--autocast-bf16: this {device_type} device has no native bfloat16 support; "
+                          "train in fp32 (or with --fp16 on a GPU)")
+
+
+def bf16_autocast(device_type):
+    """The autocast context of ``--autocast-bf16`` on ``device_type`` ("cpu" or "cuda")."""
+    _check_native_bf16(device_type)
+    return torch.autocast(device_type, dtype=torch.bfloat16)
+
+
 @register_criterion("label_smoothed_xent", dataclass=LabelSmoothedXentConfig)
 class LabelSmoothedXentCriterion(FairseqCriterion):
-    def __init__(self, task, label_smoothing, report_accuracy=False, sentence_avg=False):
+    def __init__(self, task, label_smoothing, report_accuracy=False, autocast_bf16=False, sentence_avg=False):
         super().__init__(task)
         if not 0.0 <= label_smoothing < 1.0:
             raise ConfigError(f"--label-smoothing {label_smoothing}: must be in [0, 1)")
         self.eps = label_smoothing
         self.report_accuracy = report_accuracy
+        self.autocast_bf16 = autocast_bf16
         self.sentence_avg = sentence_avg
 
     def forward(self, model, sample, reduce=True):
-        net_output = model(**sample["net_input"])
+        precision = bf16_autocast(next(model.parameters()).device.type) if self.autocast_bf16 else nullcontext()
+        with precision:
+            net_output = model(**sample["net_input"])
         # Softmax in fp32 even when the model runs in half precision.
         logits = net_output[0].float()
         lprobs = F.log_softmax(logits, dim=-1).view(-1, logits.size(-1))

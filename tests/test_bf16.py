@@ -1,0 +1,111 @@
+"""bf16 training with ``--autocast-bf16`` of the ``label_smoothed_xent`` criterion: the
+forward runs under ``torch.autocast(bfloat16)``, weights, gradients and the loss stay fp32."""
+import argparse
+import json
+import math
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from helpers import USER_DIR, run
+
+import fairseq_plugins  # noqa: F401  (registers the models)
+from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
+
+DICT = Dictionary()
+for _w in range(30):
+    DICT.add_symbol(f"w{_w}")
+BUILTIN_TINY = {"encoder_layers": 1, "decoder_layers": 1, "encoder_embed_dim": 32, "decoder_embed_dim": 32,
+                "encoder_ffn_embed_dim": 64, "decoder_ffn_embed_dim": 64, "encoder_attention_heads": 2,
+                "decoder_attention_heads": 2}
+ARCHS = {"vaswani_transformer_tiny": {}, "rnnsearch_tiny": {}, "rnnencdec_tiny": {}, "seq2seq_lstm_tiny": {},
+         "transformer": BUILTIN_TINY, "lstm": {"encoder_embed_dim": 32, "decoder_embed_dim": 32,
+                                               "encoder_hidden_size": 32, "decoder_hidden_size": 32,
+                                               "decoder_out_embed_dim": 32, "criterion": "label_smoothed_xent"}}
+
+
+class Task:
+    source_dictionary = DICT
+    target_dictionary = DICT
+
+
+def build(arch):
+    args = argparse.Namespace(arch=arch, dropout=0.0, **ARCHS[arch])
+    ARCH_CONFIG_REGISTRY[arch](args)
+    torch.manual_seed(0)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, Task)
+
+
+def batch(bsz=4, src_len=7, tgt_len=6):
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(DICT.nspecial, len(DICT), (bsz, src_len), generator=g)
+    src[:, -1] = DICT.eos()
+    # the last sentence is 2 tokens shorter: left-padded, sorted by length, as fairseq batches
+    src[-1, :2] = DICT.pad()
+    target = torch.randint(DICT.nspecial, len(DICT), (bsz, tgt_len), generator=g)
+    target[:, -1] = DICT.eos()
+    prev = torch.cat([torch.full((bsz, 1), DICT.eos()), target[:, :-1]], dim=1)
+    lengths = src.ne(DICT.pad()).sum(1)
+    net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
+    return {"net_input": net_input, "target": target, "ntokens": int(target.numel())}
+
+
+def linear_output_dtypes(model, criterion, sample):
+    """Loss and the dtypes of every nn.Linear output and of the logits during one forward."""
+    dtypes = []
+    hooks = [m.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    logits = []
+    hooks.append(model.register_forward_hook(lambda m, i, out: logits.append(out[0].dtype)))
+    loss, _, _ = criterion(model, sample)
+    for h in hooks:
+        h.remove()
+    return loss, set(dtypes), logits[0]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_forward_runs_in_bf16_and_weights_stay_fp32(arch):
+    model, sample = build(arch).train(), batch()
+    fp32_loss, fp32_linear, fp32_logits = linear_output_dtypes(
+        model, LabelSmoothedXentCriterion(Task, label_smoothing=0.1), sample)
+    assert fp32_linear == {torch.float32} and fp32_logits == torch.float32  # the flag is off by default
+
+    loss, linear, logits = linear_output_dtypes(
+        model, LabelSmoothedXentCriterion(Task, label_smoothing=0.1, autocast_bf16=True), sample)
+    assert linear == {torch.bfloat16} and logits == torch.bfloat16  # every projection ran in bf16
+    assert loss.dtype == torch.float32
+    # bf16 keeps 8 significant bits (relative rounding 2^-9 per operation): the same weights
+    # give the same loss to within about 1%.
+    assert loss.item() == pytest.approx(fp32_loss.item(), rel=1e-2)
+    loss.backward()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+
+
+def train_losses(data, save_dir, arch, extra=()):
+    """Every logged training loss and the final validation loss of 30 updates."""
+    log = run(["fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--seed", "1",
+               "--criterion", "label_smoothed_xent", "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000",
+               "--max-update", "30", "--validate-interval", "1000", "--no-save", "--save-dir", save_dir,
+               "--no-progress-bar", "--log-format", "json", "--log-interval", "1", "--num-workers", "0", *extra],
+              env={"OMP_NUM_THREADS": "1"})  # tiny models: a second thread only spins on a busy machine
+    train = [json.loads(line.split("| train_inner |", 1)[1])["loss"] for line in log.splitlines()
+             if "| train_inner |" in line]
+    valid = [json.loads(line.split("| valid |", 1)[1])["valid_loss"] for line in log.splitlines()
+             if "| valid |" in line]
+    return [float(x) for x in train], float(valid[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny"])
+def test_bf16_training_matches_fp32(data_bin, tmp_path, arch):
+    fp32_train, fp32_valid = train_losses(data_bin, str(tmp_path / "fp32"), arch)
+    bf16_train, bf16_valid = train_losses(data_bin, str(tmp_path / "bf16"), arch, ["--autocast-bf16"])
+    assert len(bf16_train) == len(fp32_train) == 30
+    assert all(math.isfinite(x) for x in bf16_train) and math.isfinite(bf16_valid)
+    assert bf16_train[-1] < bf16_train[0] - 1.0  # it learns
+    # Same seed and batches: bf16 rounding only perturbs the trajectory. Measured: 8.068 vs
+    # 8.059 (transformer) and 8.33 vs 8.325 (rnnsearch), 0.1%; 1% leaves a 10x margin.
+    assert bf16_valid == pytest.approx(fp32_valid, rel=0.01)
