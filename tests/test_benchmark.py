@@ -1,0 +1,98 @@
+"""The benchmark command: its tiny CPU run end to end, and the FLOP formulas it adds.
+
+Speeds are never asserted (a shared 2-core machine makes them noise); the run must produce
+every row of the table with its ratio, write the report file, and find the converted
+transformer's beam-search hypotheses identical to the built-in's.
+"""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import run
+from torch.utils.flop_counter import FlopCounterMode
+
+from fairseq_plugins.cli.benchmark import EXTRA_FLOP_FORMULAS, parse_args
+
+MEASUREMENTS = [
+    "train target tokens/s",
+    "generate sentences/s (beam 4)",
+    "generate hypothesis tokens/s",
+    "train peak RSS (MiB)",
+    "generate peak RSS (MiB)",
+    "train model GFLOP/s",
+]
+
+
+@pytest.mark.slow
+def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
+    out = tmp_path / "bench.md"
+    stdout = run(["fairseq-plugins-benchmark", "--data", data_bin, "--preset", "tiny", "--repeats", "1",
+                  "--threads", "1", "--out", out])
+    report = out.read_text()
+    assert report.strip() in stdout  # the file holds the printed report
+    assert re.search(r"^- date: \d{4}-\d\d-\d\d", report, re.M)
+    assert re.search(r"^- machine: .+, \d+ cores", report, re.M)
+    assert re.search(r"^- matmul ceiling: fp32 [\d,]+ GFLOP/s, bf16 [\d,]+ GFLOP/s", report, re.M)
+    rows = [line.split("|")[1:-1] for line in report.splitlines() if line.startswith("| ")]
+    cells = {(r[0].strip(), r[1].strip()): [c.strip() for c in r[2:]] for r in rows[1:]}
+    assert [c.strip() for c in rows[0]] == ["pair", "measurement", "ours", "fairseq built-in",
+                                            "ours / built-in", "target (this CPU)"]
+    for pair in ("transformer", "rnnsearch"):
+        for name in MEASUREMENTS:
+            (key,) = [k for k in cells if k[0] == pair and k[1].startswith(name)]
+            ours, theirs, ratio, _ = cells[key]
+            assert re.fullmatch(r"[\d,.]+( \([\d.]+%\))?", ours) and re.fullmatch(r"[\d,.]+( \([\d.]+%\))?", theirs)
+            assert re.fullmatch(r"\d+\.\d+×", ratio), (key, ratio)
+        assert (pair, "hypotheses identical") in cells
+    assert cells[("transformer", "hypotheses identical")][0] == "True (4/4)"
+    assert cells[("transformer", "train target tokens/s")][3].startswith("≥ 1.15×")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fp16"], "--fp16 needs --device cuda"),
+    (["--pairs", "transformer,gru"], "--pairs: unknown pair 'gru'"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--data", "/nonexistent/data-bin"], "--data /nonexistent/data-bin: no such directory"),
+])
+def test_bad_flags_give_one_line_errors(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def _count(fn, *args):
+    with FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+def test_cpu_fused_attention_flops_equal_the_explicit_matmuls():
+    """softmax(QKᵀ/√d)V through the fused CPU kernel counts as the matmuls it replaces, forward
+    and backward (model FLOPs: no recomputation)."""
+    q, k, v = (torch.randn(2, 3, n, 8, requires_grad=True) for n in (5, 7, 7))
+
+    def explicit():
+        (torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, -1) @ v).sum().backward()
+
+    def fused():
+        F.scaled_dot_product_attention(q, k, v).sum().backward()
+
+    forward = 2 * (2 * 2 * 3 * 5 * 7 * 8)  # QKᵀ and (·)V: 2·B·h·T·S·d each
+    assert _count(explicit) == 3 * forward  # backward: two matmuls per forward matmul
+    assert _count(fused) == _count(explicit)
+
+
+@pytest.mark.parametrize("cell", [torch.nn.LSTM, torch.nn.GRU])
+def test_fused_rnn_flops_equal_the_gate_matmuls(cell):
+    """A bidirectional RNN counts 2·tokens·(W_ih + W_hh) per direction forward and twice that
+    backward (gradients of input, state and weights), whichever kernel runs it: the fused
+    LSTM through the formulas added here, the GRU through its per-step matmuls."""
+    torch.manual_seed(0)
+    rnn = cell(6, 10, bidirectional=True)
+    x = torch.randn(4, 3, 6, requires_grad=True)  # [T, B, I]
+    h0 = torch.randn(2, 3, 10, requires_grad=True)
+    state = (h0, h0) if cell is torch.nn.LSTM else h0
+    gates = 4 if cell is torch.nn.LSTM else 3
+    forward = 2 * (2 * 4 * 3 * gates * 10 * (6 + 10))  # 2 directions · 2·T·B·(W_ih + W_hh)
+    assert _count(lambda: rnn(x, state)[0].sum().backward()) == 3 * forward
