@@ -201,10 +201,10 @@ class ConditionalGRUDecoder(FairseqIncrementalDecoder):
         states: List[Tensor] = []
         contexts: List[Tensor] = []
         alphas: List[Optional[Tensor]] = []
-        for i in range(W_Ey.size(0)):
+        for W_Ey_i in W_Ey.unbind(0):  # unbind: indexing's backward allocates a full-size zero tensor per step
             c, C_c, alpha = self.context.step(s, cache, self.cell)  # c_i, C c_i, α_i
             s_prev = s
-            s = self.cell(W_Ey[i], C_c, s_prev)  # s_i
+            s = self.cell(W_Ey_i, C_c, s_prev)  # s_i
             states.append(s_prev if self.use_previous_state else s)
             contexts.append(c)
             alphas.append(alpha)

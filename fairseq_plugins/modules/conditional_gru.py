@@ -77,9 +77,10 @@ class GRU(nn.Module):
             keep = torch.stack((keep[:, 0], keep[:, 1].flip(0)), dim=1)
         h = x.new_zeros(D, bsz, n)  # h_0 = 0
         states = []
-        for j in range(length):
-            z, h_tilde = gru_gates(Wx[j], h, self.U_zr(h), self.U)
-            h = h + (keep[j] * z) * (h_tilde - h)  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j; padding keeps h_{j-1}
+        # unbind, not Wx[j]: each indexing's backward would allocate a zero tensor of the whole sequence
+        for Wx_j, keep_j in zip(Wx.unbind(0), keep.unbind(0)):
+            z, h_tilde = gru_gates(Wx_j, h, self.U_zr(h), self.U)
+            h = h + (keep_j * z) * (h_tilde - h)  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j; padding keeps h_{j-1}
             states.append(h)
         H = torch.stack(states, dim=0)  # (len, D, bsz, n)
         directions = [H[:, 0]] if D == 1 else [H[:, 0], H[:, 1].flip(0)]
