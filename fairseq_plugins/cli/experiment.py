@@ -56,8 +56,8 @@ def preprocess(raw, data, trainpref=None, dictionaries_from=None):
     """fairseq-preprocess with a joined dictionary, or the dictionaries of another data-bin."""
     if not os.path.exists(os.path.join(data, "test.src-tgt.tgt.idx")):
         say(f"fairseq-preprocess -> {data}")
-        dicts = (["--srcdict", f"{dictionaries_from}/dict.src.txt", "--tgtdict", f"{dictionaries_from}/dict.tgt.txt"]
-                 if dictionaries_from else [])
+        # With --joined-dictionary fairseq takes the one dictionary from --srcdict.
+        dicts = ["--srcdict", f"{dictionaries_from}/dict.src.txt"] if dictionaries_from else []
         run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
              trainpref or f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
              "--destdir", data, "--joined-dictionary", "--workers", 2, *dicts], f"{data}.preprocess.log")
