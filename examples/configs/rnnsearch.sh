@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# RNNsearch-50 / RNNsearch-30 (Bahdanau et al., 2015, appendix B.2) as fairseq-train flags.
+# RNNsearch-50 / RNNsearch-30 (Bahdanau et al., 2015, appendix B.2) as fairseq-train flags;
+# the paper trains its RNNencdec baseline the same way (ARCH=rnnencdec, see rnnencdec.sh).
 #
 #   examples/configs/rnnsearch.sh DATA_BIN [more fairseq-train flags, which override these]
 #   MAXLEN=30 examples/configs/rnnsearch.sh DATA_BIN      # RNNsearch-30
@@ -15,13 +16,14 @@ set -euo pipefail
 DATA=${1:?usage: $0 DATA_BIN [fairseq-train flags]}
 shift
 MAXLEN=${MAXLEN:-50}
+ARCH=${ARCH:-rnnsearch}
 USER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../fairseq_plugins" && pwd)
 exec fairseq-train "$DATA" --user-dir "$USER_DIR" \
-    --arch rnnsearch \
+    --arch "$ARCH" \
     --optimizer adadelta --lr 1.0 --adadelta-rho 0.95 --adadelta-eps 1e-6 \
     --batch-size 80 --clip-norm 1 --sentence-avg \
     --criterion cross_entropy \
     --max-source-positions $((MAXLEN + 1)) --max-target-positions $((MAXLEN + 1)) \
     --skip-invalid-size-inputs-valid-test \
-    --save-dir "checkpoints/rnnsearch-$MAXLEN" \
+    --save-dir "checkpoints/$ARCH-$MAXLEN" \
     "$@"
