@@ -67,8 +67,8 @@ def main(argv=None):
     p.add_argument("--work", default=os.path.join(REPO, "work", "paper_claims"))
     p.add_argument("--train", type=int, default=6000, help="training sentence pairs (5 to 50 words)")
     p.add_argument("--test", type=int, default=300, help="test sentence pairs (5 to 80 words)")
-    p.add_argument("--max-update", type=int, default=250, help="updates per model (the equal budget)")
-    p.add_argument("--minutes", type=float, default=5.0, help="training time limit per model (a safety net)")
+    p.add_argument("--max-update", type=int, default=1200, help="updates per model (the equal budget)")
+    p.add_argument("--minutes", type=float, default=6.0, help="training time limit per model (a safety net)")
     p.add_argument("--quick", action="store_true",
                    help="the same code on a tiny budget (CI): checks that the report is produced, not the claims")
     args = p.parse_args(argv)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduce the papers' claims at small scale (about 45 minutes on 2 cores with the defaults).
+# Reproduce the papers' claims at small scale (under 60 minutes on 2 quiet cores with the defaults).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup_env.sh
