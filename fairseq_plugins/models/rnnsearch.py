@@ -383,14 +383,19 @@ def rnnsearch_base(args):
     _gru_defaults(args)
 
 
-@register_model_architecture("rnnsearch", "rnnsearch_tiny")
-def rnnsearch_tiny(args):
+def _tiny_sizes(args):
+    """CPU tests and the quickstart: embeddings 32, GRUs 64, maxout 32."""
     args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
     args.encoder_hidden_size = getattr(args, "encoder_hidden_size", 64)
     args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
     args.decoder_hidden_size = getattr(args, "decoder_hidden_size", 64)
-    args.attention_hidden_size = getattr(args, "attention_hidden_size", 64)
     args.maxout_dim = getattr(args, "maxout_dim", 32)
+
+
+@register_model_architecture("rnnsearch", "rnnsearch_tiny")
+def rnnsearch_tiny(args):
+    args.attention_hidden_size = getattr(args, "attention_hidden_size", 64)
+    _tiny_sizes(args)
     rnnsearch_base(args)
 
 
@@ -402,9 +407,5 @@ def rnnencdec_base(args):
 
 @register_model_architecture("rnnencdec", "rnnencdec_tiny")
 def rnnencdec_tiny(args):
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 32)
-    args.encoder_hidden_size = getattr(args, "encoder_hidden_size", 64)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 32)
-    args.decoder_hidden_size = getattr(args, "decoder_hidden_size", 64)
-    args.maxout_dim = getattr(args, "maxout_dim", 32)
+    _tiny_sizes(args)
     rnnencdec_base(args)
