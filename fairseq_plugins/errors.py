@@ -18,6 +18,10 @@ class CheckpointError(PluginError, RuntimeError):
     """A file that is not a loadable fairseq checkpoint."""
 
 
+class NumericalError(PluginError, FloatingPointError):
+    """Training produced NaN/Inf: names the update, its sentences and where the values went bad."""
+
+
 def _excepthook(exc_type, exc, tb, _previous=sys.excepthook):
     if issubclass(exc_type, PluginError):
         print(f"error: {exc}", file=sys.stderr)

@@ -12,13 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 
 import pytest
 import torch
 from helpers import TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, run
 
 from fairseq_plugins import atomic_checkpoints
-from fairseq_plugins.compat import load_state
+from fairseq_plugins.compat import load_state, save_state
 from fairseq_plugins.errors import CheckpointError
 
 SUITE_TRAINING = ["--criterion", "label_smoothed_xent", "--label-smoothing", "0.1", "--lr-scheduler",
@@ -527,23 +528,120 @@ def test_missing_split_names_the_split(tmp_path, data_bin):
 # ------------------------------------------------------------------ 5. numerical faults
 
 
-@pytest.mark.slow
-def test_nan_gradients_stop_training_without_touching_the_last_checkpoint(tmp_path, data_bin):
-    """fp32 on CPU: lr 1e30 makes update 1 finite but huge and update 2's gradients NaN/Inf.
+NAN_TRAINING = ["--criterion", "label_smoothed_xent", "--label-smoothing", "0.1", "--optimizer", "adam",
+                "--max-tokens", "500", "--cpu", "--seed", "1", "--no-progress-bar", "--log-interval", "1",
+                "--num-workers", "0", "--disable-validation"]
+# name: (architecture and extra flags, batches per update, the first module the re-run finds non-finite)
+NAN_RUNS = {
+    "builtin_transformer": (TINY_BUILTIN_TRANSFORMER, 1, "encoder.layers.0.self_attn"),
+    "vaswani_transformer_tiny": (["--arch", "vaswani_transformer_tiny"], 1, "encoder.layers.0.self_attn.in_proj"),
+    "rnnsearch_tiny": (["--arch", "rnnsearch_tiny"], 1, "encoder.layers.0.W"),
+    "vaswani_transformer_tiny_update_freq_2": (["--arch", "vaswani_transformer_tiny", "--update-freq", "2"], 2,
+                                               "encoder.layers.0.self_attn.in_proj"),
+    "vaswani_transformer_tiny_autocast_bf16": (["--arch", "vaswani_transformer_tiny", "--autocast-bf16"], 1,
+                                               "encoder.layers.0.self_attn.in_proj"),
+}
 
-    fairseq raises FloatingPointError before the optimizer step and saves crash.pt; the
-    checkpoint of update 1 stays the last one. (--fp16 needs CUDA in fairseq; --bf16 a TPU.)
+
+def nan_train_cmd(data, save_dir, arch_and_flags, *extra):
+    return ["fairseq-train", data, "--user-dir", USER_DIR, *arch_and_flags, *NAN_TRAINING, "--save-dir", save_dir,
+            *extra]
+
+
+def reported_ids(line):
+    """The sentence ids a NaN/Inf report names, checked against the count it gives."""
+    match = re.search(r"sentence ids of 'train': \[([\d, ]+)\] \((\d+) sentences in (\d+) batch(es)?\)", line)
+    assert match, line
+    ids = [int(i) for i in match.group(1).split(", ")]
+    assert len(ids) == int(match.group(2)) == len(set(ids)) and ids == sorted(ids), line
+    return ids, int(match.group(3))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(NAN_RUNS))
+def test_nan_gradients_stop_training_with_the_batch_named_and_the_last_checkpoint_kept(tmp_path, data_bin, name):
+    """fp32 (or --autocast-bf16) on CPU: lr 1e30 makes update 1 finite but huge and update 2's gradients NaN/Inf.
+
+    fairseq raises FloatingPointError before the optimizer step, saves crash.pt and re-runs the
+    update under its NanDetector; the suite turns that into one line naming the update, the
+    sentences of every batch of it, the first module whose output was non-finite, and the files.
     """
+    arch_and_flags, batches, module = NAN_RUNS[name]
     save = str(tmp_path / "save")
-    cmd = ["fairseq-train", data_bin, "--user-dir", USER_DIR, *TINY_BUILTIN_TRANSFORMER, "--criterion",
-           "label_smoothed_xent", "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "1e30",
-           "--max-tokens", "500", "--max-update", "5", "--save-interval-updates", "1", "--save-dir", save, "--cpu",
-           "--seed", "1", "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", "--disable-validation"]
-    out = run_failing(cmd)
-    assert "FloatingPointError: gradients are Nan/Inf" in out
+    out = run_failing(nan_train_cmd(data_bin, save, arch_and_flags, "--lr", "1e30", "--max-update", "5",
+                                    "--save-interval-updates", "1"))
+    assert "Traceback" not in out, out[-3000:]
+    line = last_line(out)
+    assert re.fullmatch(
+        r"error: update 2: gradients are Nan/Inf; sentence ids of 'train': \[[\d, ]+\] \(\d+ sentences in "
+        rf"{batches} batch(es)?\); first non-finite value: (NaN|Inf) in the forward output of {re.escape(module)} "
+        rf"\(shape [\dx]+\); this update was not applied: {re.escape(save)}/crash\.pt holds the state before it, "
+        rf"{re.escape(save)}/checkpoint_last\.pt \(update 1\) is unchanged", line), line
+    ids, _ = reported_ids(line)
+    assert 0 <= ids[0] and ids[-1] < 300 and len(ids) < 150  # one update of --max-tokens 500 (x2), not the corpus
     state = load_state(os.path.join(save, "checkpoint_last.pt"))
     assert num_updates(state) == 1
     assert all(torch.isfinite(p).all() for p in state["model"].values())
     assert max(p.abs().max() for p in state["model"].values()) > 1e20  # update 1 did apply lr 1e30
     crash = load_state(os.path.join(save, "crash.pt"))
     assert_same(crash["model"], state["model"], "crash.pt model")  # the state before the failed step
+
+
+@pytest.mark.slow
+def test_nan_report_names_the_sentence_that_caused_it(tmp_path, corpus_dir, data_bin):
+    """One word of one training line gets an embedding of 1e38 (finite; times sqrt(dim) it is Inf).
+
+    Training starts from that model: the update whose batch holds that line fails, and the
+    report must name that line's id (ids are 0-based line numbers of the train split).
+    """
+    from fairseq.data import Dictionary
+
+    with open(os.path.join(corpus_dir, "train.src")) as f:
+        lines = f.read().splitlines()
+    counts = Counter(word for line in lines for word in set(line.split()))
+    word = sorted(w for w, n in counts.items() if n == 1)[0]
+    poisoned_line = next(i for i, line in enumerate(lines) if word in line.split())
+    start = str(tmp_path / "start")
+    run(nan_train_cmd(data_bin, start, TINY_BUILTIN_TRANSFORMER, "--lr", "0.002", "--max-update", "1"),
+        env=ONE_THREAD)
+    state = load_state(os.path.join(start, "checkpoint_last.pt"))
+    # the built-in transformer's source embeddings are used for source tokens only (not tied)
+    index = Dictionary.load(os.path.join(data_bin, "dict.src.txt")).index(word)
+    state["model"]["encoder.embed_tokens.weight"][index] = 1e38
+    save_state(state, str(tmp_path / "poisoned.pt"))
+
+    save = str(tmp_path / "save")
+    out = run_failing(nan_train_cmd(data_bin, save, TINY_BUILTIN_TRANSFORMER, "--lr", "0.002", "--max-update", "20",
+                                    "--finetune-from-model", tmp_path / "poisoned.pt"))
+    assert "Traceback" not in out, out[-3000:]
+    line = last_line(out)
+    ids, batches = reported_ids(line)
+    assert poisoned_line in ids and batches == 1, (poisoned_line, line)
+    assert len(ids) < 100, line
+    # the scaled embedding is Inf; the first module output holding NaN is the dropout after it (Inf * 0)
+    assert "; first non-finite value: NaN in the forward output of encoder.dropout_module (shape " in line, line
+    assert ", whose input already held Inf;" in line, line
+    assert "NaN/Inf before this update" not in line  # the parameters were finite: the sentence's word did it
+    assert line.endswith(f"this update was not applied: {save}/crash.pt holds the state before it, "
+                         "no checkpoint_last.pt had been saved"), line
+
+
+@pytest.mark.slow
+def test_optimizer_step_that_overflows_is_never_saved(tmp_path, data_bin):
+    """Update 1 at lr 1e-3, update 2 at lr 5e38 (warmup to 1e39): its step makes parameters Inf.
+
+    Without the suite, fairseq writes those Inf parameters to checkpoint_last.pt and the next
+    update fails; with it, the save is refused and checkpoint_last.pt keeps update 1.
+    """
+    save = str(tmp_path / "save")
+    out = run_failing(nan_train_cmd(data_bin, save, TINY_BUILTIN_TRANSFORMER, "--lr", "1e39", "--lr-scheduler",
+                                    "inverse_sqrt", "--warmup-init-lr", "1e-3", "--warmup-updates", "2",
+                                    "--max-update", "5", "--save-interval-updates", "1"))
+    assert "Traceback" not in out, out[-3000:]
+    assert re.fullmatch(
+        r"error: update 2: the parameters hold NaN/Inf after its optimizer step \(\d+ of \d+ parameters, the first "
+        rf"Inf in encoder\.embed_tokens\.weight\); {re.escape(save)}/checkpoint_1_2\.pt was not written and "
+        rf"{re.escape(save)}/checkpoint_last\.pt \(update 1\) is unchanged; lower --lr", last_line(out)), last_line(out)
+    assert sorted(os.listdir(save)) == ["checkpoint_1_1.pt", "checkpoint_last.pt"]
+    state = load_state(os.path.join(save, "checkpoint_last.pt"))
+    assert num_updates(state) == 1 and all(torch.isfinite(p).all() for p in state["model"].values())

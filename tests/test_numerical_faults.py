@@ -1,0 +1,214 @@
+"""Numerical faults in process: the NanDetector fix, and fairseq's fp16 loss scaling on CPU.
+
+The command-line drills (NaN gradients, the sentence that caused them, an optimizer step that
+overflows) are in ``test_reliability.py``. Here:
+
+* :class:`fairseq_plugins.numerical_faults.NanDetector` on a model whose submodule returns a
+  dict of lists, where fairseq's own detector dies;
+* dynamic loss scaling, run by fairseq's own ``Trainer.train_step`` with the ``FP16Optimizer``
+  or ``MemoryEfficientFP16Optimizer`` and ``DynamicLossScaler`` the trainer builds from the
+  command-line flags, on a suite model in ``.half()`` on CPU, with ``label_smoothed_xent``.
+
+What is not fairseq's normal GPU path, and why (``fairseq-train --fp16 --cpu`` stops at
+``AssertionError: Torch not compiled with CUDA enabled``):
+
+* ``--fp16-no-flatten-grads`` (or ``--memory-efficient-fp16``): fairseq's default flat fp32
+  copy of the parameters calls ``torch.cuda.current_device()`` and is keyed by CUDA device;
+* when an update overflows, ``train_step`` logs a grad norm made with
+  ``torch.tensor(0.0).cuda()``; the tests let ``Tensor.cuda`` return the CPU tensor. Nothing
+  else is replaced: the scaled backward, the fp16 -> fp32 gradient copy, the overflow check,
+  the skipped step, the scale changes and the "Minimum loss scale reached" error are fairseq's.
+"""
+import logging
+
+import pytest
+import torch
+from fairseq import nan_detector, options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
+from fairseq.trainer import Trainer
+
+import fairseq_plugins  # noqa: F401  (registers the suite, installs the patches)
+from fairseq_plugins import numerical_faults
+from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
+from fairseq_plugins.errors import NumericalError
+
+# ------------------------------------------------------------------ NanDetector on dict outputs
+
+
+class DictEncoder(torch.nn.Module):
+    """Returns what fairseq's transformer encoder returns: a dict of lists of tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return {"encoder_out": [self.proj(x)], "encoder_padding_mask": []}
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = DictEncoder()
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(self.encoder(x)["encoder_out"][0])
+
+
+def test_fairseq_nan_detector_dies_on_a_dict_output_and_the_suites_names_the_module():
+    model = TinyModel()
+    with torch.no_grad():
+        model.encoder.proj.weight.fill_(1.0)
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [3e38, 3e38, 3e38, 3e38]])  # proj's output overflows on row 2
+    with pytest.raises(StopIteration):  # what fairseq's trainer hit under torch 2.13
+        with nan_detector.NanDetector(model):
+            model(x).sum().backward()
+    model.zero_grad()
+    with numerical_faults.NanDetector(model) as detector:
+        model(x).sum().backward()
+    assert detector.diagnosis.forward == "Inf in the forward output of encoder.proj (shape 2x4)"
+    assert detector.diagnosis.failure is None
+    assert "out.weight" in detector.diagnosis.bad_gradients  # its gradient is proj's output: Inf
+    assert not model.encoder.proj._forward_hooks and not model._forward_hooks  # hooks removed
+
+
+def test_backward_check_sees_the_gradient_of_a_dict_output():
+    """Finite forward, Inf gradient: d sqrt(h)/dh at h = 0, where h is inside the encoder's dict."""
+    model = TinyModel()
+    with torch.no_grad():
+        model.encoder.proj.weight.zero_()
+        model.encoder.proj.bias.zero_()
+    with numerical_faults.NanDetector(model) as detector:
+        torch.sqrt(model.encoder(torch.ones(2, 4))["encoder_out"][0]).sum().backward()
+    assert detector.diagnosis.forward is None
+    assert detector.diagnosis.backward == "Inf in the gradient of the output of encoder.proj (shape 2x4)"
+
+
+def test_a_failing_rerun_never_replaces_the_original_error():
+    model = TinyModel()
+    with pytest.raises(FloatingPointError, match="gradients are Nan/Inf"):
+        try:
+            raise FloatingPointError("gradients are Nan/Inf")
+        except FloatingPointError:  # the trainer's handler: re-run under the detector, then re-raise
+            with numerical_faults.NanDetector(model) as detector:
+                raise RuntimeError("the re-run broke\nsecond line")
+            raise
+    assert detector.diagnosis.failure == "RuntimeError: the re-run broke"
+
+
+# ------------------------------------------------------------------ fp16 loss scaling (fairseq's Trainer, CPU)
+
+FP16_OPTIMIZERS = {"FP16Optimizer": ["--fp16-no-flatten-grads"],
+                   "MemoryEfficientFP16Optimizer": ["--memory-efficient-fp16"]}
+FP16_CASES = [(arch, optimizer) for arch in ("vaswani_transformer_tiny", "rnnsearch_tiny") for optimizer in FP16_OPTIMIZERS]
+
+
+@pytest.fixture
+def cpu_cuda_call(monkeypatch):
+    """``torch.tensor(0.0).cuda()`` in train_step's overflow handler: the CPU tensor (see the module docstring)."""
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
+
+
+def fp16_trainer(data_bin, save_dir, arch, optimizer, *flags, weight_scale=1.0):
+    """fairseq's Trainer built from fairseq-train's flags (--fp16 on CPU), and one batch of 16 sentences."""
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        data_bin, "--arch", arch, "--criterion", "label_smoothed_xent", "--optimizer", "adam", "--lr", "1e-3",
+        "--cpu", "--fp16", *FP16_OPTIMIZERS[optimizer], "--seed", "1", "--save-dir", str(save_dir), *flags])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    model = task.build_model(cfg.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(weight_scale)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    assert type(trainer.optimizer).__name__ == optimizer
+    assert type(trainer.optimizer.scaler) is DynamicLossScaler
+    assert isinstance(trainer.criterion, LabelSmoothedXentCriterion)
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float16}
+    dataset = task.dataset("train")
+    return trainer, dataset.collater([dataset[i] for i in range(16)])
+
+
+def snapshot(trainer):
+    """The fp16 model's parameters and, for FP16Optimizer, its fp32 master copy."""
+    tensors = list(trainer.model.parameters()) + list(getattr(trainer.optimizer, "fp32_params", []))
+    return [t.detach().clone() for t in tensors]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("arch, optimizer", FP16_CASES)
+def test_fp16_overflow_lowers_the_loss_scale_skips_the_update_and_training_goes_on(
+        data_bin, tmp_path, caplog, cpu_cuda_call, arch, optimizer):
+    """Initial scale 2**20: every scaled gradient overflows fp16 (max 65504) until the scale is low enough.
+
+    Then updates apply, and after --fp16-scale-window 2 clean updates the scaler doubles the scale again.
+    """
+    trainer, sample = fp16_trainer(data_bin, tmp_path, arch, optimizer, "--fp16-init-scale", str(2 ** 20),
+                                   "--fp16-scale-window", "2")
+    scaler = trainer.optimizer.scaler
+    caplog.set_level(logging.INFO, logger="fairseq.trainer")
+    steps = []
+    for _ in range(16):
+        before, scale, updates = snapshot(trainer), scaler.loss_scale, trainer.get_num_updates()
+        caplog.clear()
+        trainer.train_step([sample])
+        overflow = "gradient overflow detected, ignoring gradient" in caplog.text
+        if overflow:
+            assert f"setting loss scale to: {scale / 2}" in caplog.text
+            assert scaler.loss_scale == scale / 2
+            assert same(snapshot(trainer), before), "an overflowing update changed the parameters"
+            assert trainer.get_num_updates() == updates
+        else:
+            assert scaler.loss_scale in (scale, 2 * scale)
+            assert not same(snapshot(trainer), before), "a clean update left the parameters unchanged"
+            assert trainer.get_num_updates() == updates + 1
+            assert all(torch.isfinite(t).all() for t in snapshot(trainer))
+        steps.append((scale, scaler.loss_scale, overflow))
+    assert steps[0] == (2 ** 20, 2 ** 19, True)
+    first_update = next(i for i, (_, _, overflow) in enumerate(steps) if not overflow)  # training went on
+    assert steps[first_update][0] < 2 ** 15, steps
+    assert any(after == 2 * scale and not overflow for scale, after, overflow in steps), steps  # scale grew back
+    assert trainer.get_num_updates() >= 3, steps
+
+
+@pytest.mark.parametrize("arch, optimizer", FP16_CASES)
+def test_fp16_persistent_overflow_ends_with_minimum_loss_scale_reached(data_bin, tmp_path, caplog, cpu_cuda_call,
+                                                                       arch, optimizer):
+    """Weights x 1e4: finite in fp16, but their products overflow it, so no loss scale helps.
+
+    Scale 4 -> 2 -> 1 (two skipped updates), then 0.5 reaches --min-loss-scale 0.5: fairseq's
+    FloatingPointError, reported by the suite with the batch and the module that overflowed.
+    """
+    trainer, sample = fp16_trainer(data_bin, tmp_path, arch, optimizer, "--fp16-init-scale", "4",
+                                   "--min-loss-scale", "0.5", weight_scale=1e4)
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())  # the weights themselves fit fp16
+    scaler, start = trainer.optimizer.scaler, snapshot(trainer)
+    caplog.set_level(logging.INFO, logger="fairseq.trainer")
+    for scale in (2.0, 1.0):
+        trainer.train_step([sample])
+        assert scaler.loss_scale == scale and f"setting loss scale to: {scale}" in caplog.text
+    with pytest.raises(NumericalError) as error:
+        trainer.train_step([sample])
+    assert isinstance(error.value, FloatingPointError)
+    assert str(error.value.__cause__) == ("Minimum loss scale reached (0.5). Your loss is probably exploding. Try "
+                                          "lowering the learning rate, using gradient clipping or increasing the "
+                                          "batch size.")
+    module = {"vaswani_transformer_tiny": "encoder.layers.0.self_attn.in_proj",
+              "rnnsearch_tiny": "encoder.layers.0.W"}[arch]
+    message = str(error.value)
+    assert message.startswith("update 1: Minimum loss scale reached (0.5). Your loss is probably exploding. Try "
+                              "lowering the learning rate, using gradient clipping or increasing the batch size; "
+                              f"sentence ids of 'train': {list(range(16))} (16 sentences in 1 batch); "
+                              f"first non-finite value: Inf in the forward output of {module} (shape "), message
+    assert message.endswith(f"this update was not applied: {tmp_path}/crash.pt holds the state before it, "
+                            "no checkpoint_last.pt had been saved"), message
+    assert "\n" not in message
+    assert scaler.loss_scale == 1.0  # fairseq keeps the last scale above the minimum
+    assert same(snapshot(trainer), start) and trainer.get_num_updates() == 0
+    assert (tmp_path / "crash.pt").exists()
