@@ -7,6 +7,7 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-average": "average_checkpoints",
     "fairseq-plugins-convert-transformer": "convert_transformer",
     "fairseq-plugins-benchmark": "benchmark",
+    "fairseq-plugins-benchmark-scale": "benchmark_scale",
     "fairseq-plugins-bleu-by-length": "bleu_by_length",
     "fairseq-plugins-plot-alignment": "plot_alignment",
     "fairseq-plugins-nounk-bleu": "nounk_bleu",

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from helpers import run
 from torch.utils.flop_counter import FlopCounterMode
 
+from fairseq_plugins.cli import benchmark_scale
 from fairseq_plugins.cli.benchmark import EXTRA_FLOP_FORMULAS, parse_args
 
 MEASUREMENTS = [
@@ -47,6 +48,56 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
         assert (pair, "hypotheses identical") in cells
     assert cells[("transformer", "hypotheses identical")][0] == "True (4/4)"
     assert cells[("transformer", "train target tokens/s")][3].startswith("≥ 1.15×")
+
+
+def tables(report):
+    """The markdown tables of a report: lists of rows of stripped cells, header first."""
+    found, table = [], []
+    for line in report.splitlines() + [""]:
+        if line.startswith("|"):
+            if not line.startswith("|---"):
+                table.append([c.strip() for c in line.split("|")[1:-1]])
+        elif table:
+            found, table = found + [table], []
+    return found
+
+
+@pytest.mark.slow
+def test_scale_tiny_run_reports_8_cells_and_the_ratios(data_bin, tmp_path):
+    """fairseq-train target words/s of {ours, built-in} x {fp32, bf16} x {1 process x 2 threads,
+    2 processes x 1 thread}, and the ratios between them, from one run."""
+    out = tmp_path / "scale.md"
+    stdout = run(["fairseq-plugins-benchmark-scale", "--data", data_bin, "--preset", "tiny", "--repeats", "1",
+                  "--out", out])
+    report = out.read_text()
+    assert report.strip() in stdout
+    assert re.search(r"^- settings: .*--max-tokens 256 per process, 2 processes against 1 process with "
+                     r"--update-freq 2", report, re.M)
+    speeds, ratios = tables(report)
+    layouts = ["1 process × 2 threads (--update-freq 2)", "2 processes × 1 thread (gloo)"]
+    assert speeds[0] == ["model", "precision", *layouts, "2 processes / 1 process"]
+    assert [row[:2] for row in speeds[1:]] == [
+        ["vaswani_transformer", "fp32"], ["vaswani_transformer", "bf16"],
+        ["transformer (fairseq built-in)", "fp32"], ["transformer (fairseq built-in)", "bf16"]]
+    for row in speeds[1:]:  # the 8 cells, each with its 2-process / 1-process ratio
+        assert all(re.fullmatch(r"[\d,]+", cell) and float(cell.replace(",", "")) > 0 for cell in row[2:4]), row
+        assert re.fullmatch(r"\d+\.\d\d×", row[4]), row
+    assert ratios[0] == ["ratio", *layouts]
+    assert [row[0] for row in ratios[1:]] == ["ours / built-in, fp32", "ours / built-in, bf16",
+                                              "bf16 / fp32, vaswani_transformer", "bf16 / fp32, transformer"]
+    for row in ratios[1:]:
+        assert all(re.fullmatch(r"\d+\.\d\d×", cell) for cell in row[1:]), row
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--warmup", "0"], "--warmup must be at least 1"),  # fairseq logs no speed for the first update
+    (["--processes", "0"], "--processes must be at least 1"),
+    (["--data", "/nonexistent/data-bin"], "--data /nonexistent/data-bin: no such directory"),
+])
+def test_scale_bad_flags_give_one_line_errors(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        benchmark_scale.parse_args(argv)
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -45,7 +45,7 @@ def task(src=JOINED, tgt=None):
 
 def build(arch="vaswani_transformer_tiny", src=JOINED, tgt=None, seed=0, **flags):
     torch.manual_seed(seed)
-    args = Namespace(arch=arch, dropout=0.0, **flags)
+    args = Namespace(arch=arch, **{"dropout": 0.0, **flags})
     ARCH_CONFIG_REGISTRY[arch](args)
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task(src, tgt)).eval()
 
@@ -406,3 +406,69 @@ def test_training_mode_skips_attention_weights_and_applies_dropout():
     assert not torch.allclose(out1, out2)
     F.log_softmax(out1, -1).sum().backward()  # differentiable end to end
     assert model.encoder.embed_tokens.weight.grad is not None
+
+
+# ---------------------------------------------------------------- activation checkpointing
+
+def train_step(flags, dropout=0.0, bf16=False):
+    """Loss, parameter gradients and bytes of activations saved for backward of one training
+    forward/backward of a fresh model (same weights and dropout masks for every ``flags``)."""
+    model = build(share_all_embeddings=True, dropout=dropout, **flags).train()
+    src, prev = tokens(JOINED, [9, 4, 7]), prev_output(JOINED, [8, 8, 5])
+    params = {p.data_ptr() for p in model.parameters()}
+    saved = {}  # storage -> bytes: what autograd keeps besides the weights
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    torch.manual_seed(5)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits, _ = model(src, None, prev)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens(JOINED, [8, 8, 5], left_pad=False).flatten(),
+                               ignore_index=JOINED.pad())
+    loss.backward()
+    return loss, {n: p.grad for n, p in model.named_parameters()}, sum(saved.values())
+
+
+@pytest.mark.parametrize("dropout, bf16", [(0.0, False), (0.3, False), (0.0, True)],
+                         ids=["fp32", "dropout", "bf16-autocast"])
+def test_checkpoint_activations_same_loss_and_gradients_less_saved(dropout, bf16):
+    """Tolerance 0: torch's non-reentrant checkpoint keeps the autograd graph and recomputes
+    each layer with the same kernels on the same inputs, under the same autocast and RNG state
+    (same dropout masks), so every number is the same bit for bit."""
+    loss, grads, saved = train_step({}, dropout, bf16)
+    saved_by = {}
+    for flag in ("checkpoint_activations", "offload_activations"):
+        loss_ck, grads_ck, saved_by[flag] = train_step({flag: True}, dropout, bf16)
+        assert torch.equal(loss, loss_ck)
+        assert grads.keys() == grads_ck.keys()
+        for name in grads:
+            assert torch.equal(grads[name], grads_ck[name]), (flag, name)
+    assert saved_by["checkpoint_activations"] < saved / 5  # only the layers' inputs are kept (measured: 1/10)
+    # offloaded, the layers' inputs are packed by save_on_cpu's hook, not counted on the device
+    assert saved_by["offload_activations"] < saved_by["checkpoint_activations"]
+
+
+def test_checkpoint_activations_keep_state_dict_and_generation():
+    plain = build(share_all_embeddings=True, seed=4)
+    flagged = build(share_all_embeddings=True, seed=4, checkpoint_activations=True)
+    assert flagged.encoder.checkpoint_activations and flagged.decoder.checkpoint_activations
+    assert plain.state_dict().keys() == flagged.state_dict().keys()
+    plain.load_state_dict(flagged.state_dict(), strict=True)
+    src = tokens(JOINED, [6, 4, 9], seed=8)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(JOINED.pad()).sum(1)}}
+    gen = SequenceGenerator([plain], JOINED, beam_size=4, max_len_b=10)
+    with torch.no_grad():  # incremental decoding runs without checkpointing
+        for a, b in zip(gen.generate([plain], sample), gen.generate([flagged], sample)):
+            assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
+
+
+def test_converter_carries_checkpoint_activations_over():
+    fairseq_model, args = builtin(JOINED, JOINED, share_all_embeddings=True, checkpoint_activations=True)
+    new_args = convert_args(args)
+    ours = VaswaniTransformerModel.build_model(copy.copy(new_args), task(JOINED, JOINED))
+    ours.load_state_dict(convert_state_dict(fairseq_model.state_dict(), new_args), strict=True)
+    assert ours.encoder.checkpoint_activations and ours.decoder.checkpoint_activations

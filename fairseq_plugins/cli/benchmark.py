@@ -117,12 +117,13 @@ def device_flags(args) -> List[str]:
     return (["--cpu"] if args.device == "cpu" else []) + (["--fp16"] if args.fp16 else [])
 
 
-def training_argv(args, model_flags: List[str], save_dir: str) -> List[str]:
+def training_argv(args, model_flags: List[str], save_dir: str,
+                  criterion: str = "label_smoothed_cross_entropy") -> List[str]:
     return [str(a) for a in [
         args.data, "--user-dir", USER_DIR, "--task", "translation", *args.lang_flags, *model_flags,
         "--dropout", 0.1, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", 7e-4,
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", 20, "--warmup-init-lr", 1e-7,
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", 0.1,
+        "--criterion", criterion, "--label-smoothing", 0.1,
         "--max-tokens", args.max_tokens, "--seed", 1, "--num-workers", args.num_workers,
         "--disable-validation", "--no-progress-bar", "--save-dir", save_dir, *device_flags(args)]]
 
@@ -382,7 +383,7 @@ def prepare_data(args, preset: dict, work_dir: str) -> str:
     return data
 
 
-def _dictionaries(data: str, args) -> List[str]:
+def _dictionaries(data: str, args, need_test: bool = True) -> List[str]:
     if args.source_lang and args.target_lang:
         langs = [args.source_lang, args.target_lang]
     else:
@@ -392,7 +393,7 @@ def _dictionaries(data: str, args) -> List[str]:
     if len(paths) != 2 or not all(os.path.isfile(p) for p in paths):
         raise PluginError(f"--data {data}: expected fairseq-preprocess output with two dict.LANG.txt files "
                           "(pass --source-lang/--target-lang)")
-    if not any(n.startswith("test.") for n in os.listdir(data)):
+    if need_test and not any(n.startswith("test.") for n in os.listdir(data)):
         raise PluginError(f"--data {data}: no test split (generation runs on it)")
     return paths
 
@@ -541,9 +542,6 @@ def format_report(args, preset, precision, machine, table, counts, seconds) -> s
                      f"{model_flops['ours'] / model_flops['theirs']:.2f}×", ""])
         rows.append(_hypotheses_row(pair, table))
     header = ["pair", "measurement", "ours", "fairseq built-in", "ours / built-in", "target (this CPU)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    versions = f"torch {torch.__version__}, fairseq {fairseq.__version__}"
     ceilings = ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in machine["ceilings"].items())
     details = []
     for (pair, kind, model), results in table.items():
@@ -555,12 +553,7 @@ def format_report(args, preset, precision, machine, table, counts, seconds) -> s
     report = [
         "# fairseq-plugins benchmark: ours vs fairseq's built-ins",
         "",
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; run took {seconds / 60:.1f} min",
-        f"- machine: {_cpu_model()}, {os.cpu_count()} cores (torch threads {machine['threads']}), "
-        f"GPU: {machine.get('gpu', 'none')}; {platform.platform()}; load average at start/end "
-        f"{args.load_at_start:.1f}/{os.getloadavg()[0]:.1f} (other processes share the machine)",
-        f"- software: Python {platform.python_version()}, {versions}",
-        f"- command: `{' '.join(sys.argv)}`",
+        *describe_run(args, seconds, f" (torch threads {machine['threads']}), GPU: {machine.get('gpu', 'none')}"),
         f"- settings: device {args.device}, precision {precision}"
         f"{' (torch.autocast, fp32 weights)' if precision == 'bf16' else ''}, preset {args.preset}, "
         f"data {args.data_label}, --max-tokens {args.max_tokens}, {args.warmup} warm-up + 1 FLOP-counting + "
@@ -569,7 +562,7 @@ def format_report(args, preset, precision, machine, table, counts, seconds) -> s
         f"length {args.min_len} to {MAX_LEN_A}·|x|+{MAX_LEN_B}), {args.repeats} repeats interleaved (medians)",
         f"- matmul ceiling: {ceilings}",
         "",
-        *lines,
+        *markdown_table(header, rows),
         "",
         "Per repeat (tokens/s or sentences/s):",
         "",
@@ -577,6 +570,22 @@ def format_report(args, preset, precision, machine, table, counts, seconds) -> s
         "",
     ]
     return "\n".join(report)
+
+
+def markdown_table(header: List[str], rows: List[List[str]]) -> List[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def describe_run(args, seconds: float, hardware: str = "") -> List[str]:
+    """The report's first lines: date, machine and its load, software, command."""
+    return [
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; run took {seconds / 60:.1f} min",
+        f"- machine: {_cpu_model()}, {os.cpu_count()} cores{hardware}; {platform.platform()}; load average at "
+        f"start/end {args.load_at_start:.1f}/{os.getloadavg()[0]:.1f} (other processes share the machine)",
+        f"- software: Python {platform.python_version()}, torch {torch.__version__}, fairseq {fairseq.__version__}",
+        f"- command: `{' '.join(sys.argv)}`",
+    ]
 
 
 def _cpu_model() -> str:
@@ -653,28 +662,35 @@ def parse_args(argv=None):
             error(f"--pairs: unknown pair {pair!r} (choose from {', '.join(PAIR_NAMES)})")
     if not args.pairs:
         error("--pairs: no pair given")
-    for name in ("repeats", "warmup", "updates", "sentences", "gen_batch", "max_tokens", "min_len", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.budget_minutes <= 0:
-        error(f"--budget-minutes must be positive, got {args.budget_minutes}")
+    check_run_args(args, parser, preset,
+                   ("repeats", "warmup", "updates", "sentences", "gen_batch", "max_tokens", "min_len", "threads"))
     if args.num_workers < 0:
         error(f"--num-workers must be >= 0, got {args.num_workers}")
     if args.fp16 and args.device != "cuda":
         error("--fp16 needs --device cuda (fairseq's fp16 training does not run on CPU); use --bf16 on CPU")
+    if args.min_len is None:
+        args.min_len = 1 if args.data else preset["corpus"][3]
+    return args
+
+
+def check_run_args(args, parser: argparse.ArgumentParser, preset: dict, positive):
+    """What this command and fairseq-plugins-benchmark-scale check alike (one-line errors), and
+    what follows from it: ``lang_flags`` and ``data_label``."""
+    for name in positive:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.budget_minutes <= 0:
+        parser.error(f"--budget-minutes must be positive, got {args.budget_minutes}")
     if args.data is not None and not os.path.isdir(args.data):
-        error(f"--data {args.data}: no such directory")
+        parser.error(f"--data {args.data}: no such directory")
     if bool(args.source_lang) != bool(args.target_lang):
-        error("--source-lang and --target-lang go together")
+        parser.error("--source-lang and --target-lang go together")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        parser.error(f"--out {args.out}: its directory does not exist")
     args.lang_flags = ["--source-lang", args.source_lang, "--target-lang", args.target_lang] if args.source_lang else []
     train, _, test, min_len, max_len = preset["corpus"]
-    if args.min_len is None:
-        args.min_len = 1 if args.data else min_len
     args.data_label = (args.data if args.data else
                        f"synthetic corpus ({train} training pairs, {min_len}-{max_len} tokens, test {test})")
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        error(f"--out {args.out}: its directory does not exist")
-    return args
 
 
 def main(argv=None):

@@ -12,6 +12,8 @@ encodings with sines on even and cosines on odd dimensions, dropout on the sum o
 embeddings and encodings, ReLU FFN, no attention/ReLU dropout. ``--fairseq-positions``,
 ``--*-normalize-before``, ``--*-learned-pos``, ``--attention-dropout`` and
 ``--activation-dropout`` give later practice (and what converted fairseq checkpoints need).
+``--checkpoint-activations`` (fairseq's flag) recomputes each layer in the backward pass instead
+of keeping its activations: less memory for long batches, same results.
 
 Tensors are batch-first, [B, T, d_model]. The encoder output dict holds ``encoder_out``
 [B, S, d] and ``encoder_padding_mask`` [B, S] (True on padding; empty list when the batch
@@ -20,10 +22,12 @@ has none). In eval mode the decoder returns the encoder–decoder attention of l
 ``fairseq-generate --print-alignment`` prints (fairseq-generate turns it off otherwise).
 """
 import math
+from contextlib import nullcontext
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
@@ -52,6 +56,22 @@ def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.E
     return m
 
 
+def run_layer(layer: nn.Module, args: tuple, checkpoint: bool, offload: bool):
+    """``layer(*args)``; with ``checkpoint``, in training, only the layer's inputs are kept for the
+    backward pass (in CPU memory with ``offload``) and its activations are recomputed there.
+
+    torch's non-reentrant checkpoint, not fairseq's ``checkpoint_wrapper``: fairseq's recomputes
+    outside the forward's autocast, so with ``--autocast-bf16`` the gradients would be those of
+    an fp32 forward; torch's restores autocast and the RNG (same dropout masks) and keeps the
+    autograd graph, so the gradients are the same. Nothing wraps the modules: the state dict
+    keys do not change.
+    """
+    if not (checkpoint and layer.training and torch.is_grad_enabled()):
+        return layer(*args)  # evaluation and incremental decoding keep nothing anyway
+    with torch.autograd.graph.save_on_cpu(pin_memory=args[0].is_cuda) if offload else nullcontext():
+        return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+
+
 class VaswaniTransformerEncoder(FairseqEncoder):
     """N × (self-attention, FFN) over √d_model·E x + PE (§3.1, §3.4, §3.5)."""
 
@@ -71,6 +91,7 @@ class VaswaniTransformerEncoder(FairseqEncoder):
                                     args.encoder_normalize_before)
             for _ in range(args.encoder_layers))
         self.layer_norm = nn.LayerNorm(d_model) if args.encoder_normalize_before else None
+        self.checkpoint_activations, self.offload_activations = args.checkpoint_activations, args.offload_activations
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, **unused) -> EncoderOut:
         """src_tokens: [B, S], left-padded."""
@@ -80,7 +101,7 @@ class VaswaniTransformerEncoder(FairseqEncoder):
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # √d·E x + PE
         x = F.dropout(x, p=self.dropout, training=self.training)
         for layer in self.layers:
-            x = layer(x, attn_mask)
+            x = run_layer(layer, (x, attn_mask), self.checkpoint_activations, self.offload_activations)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         return {"encoder_out": [x], "encoder_padding_mask": [padding_mask] if has_pads else [],
@@ -116,6 +137,7 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
                                     args.decoder_normalize_before, encoder_dim)
             for _ in range(args.decoder_layers))
         self.layer_norm = nn.LayerNorm(d_model) if args.decoder_normalize_before else None
+        self.checkpoint_activations, self.offload_activations = args.checkpoint_activations, args.offload_activations
         self.alignment_layer = args.alignment_layer % args.decoder_layers
         self.need_attn = True  # fairseq-generate sets it to --print-alignment
         self.output_projection = nn.Linear(d_model, len(dictionary), bias=False)
@@ -145,8 +167,9 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
         need_attn = self.need_attn and not self.training
         attn: Optional[Tensor] = None
         for idx, layer in enumerate(self.layers):
-            x, layer_attn = layer(x, encoder, encoder_attn_mask, incremental_state,
-                                  need_attn and idx == self.alignment_layer, key_rows, group)
+            x, layer_attn = run_layer(layer, (x, encoder, encoder_attn_mask, incremental_state,
+                                              need_attn and idx == self.alignment_layer, key_rows, group),
+                                      self.checkpoint_activations, self.offload_activations)
             if layer_attn is not None:
                 attn = layer_attn
         if self.layer_norm is not None:
@@ -242,11 +265,20 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
         parser.add_argument("--alignment-layer", type=int, metavar="L",
                             help="decoder layer (0-based, negative counts from the top; default -1) "
                                  "whose encoder-decoder attention is returned as the alignment")
+        parser.add_argument("--checkpoint-activations", action="store_true",
+                            help="activation checkpointing: keep only each layer's input for the backward "
+                                 "pass and recompute the layer there; less memory for long batches, about "
+                                 "one more forward of compute, same results (training only)")
+        parser.add_argument("--offload-activations", action="store_true",
+                            help="--checkpoint-activations with the kept layer inputs moved to CPU memory "
+                                 "(for GPUs); implies --checkpoint-activations")
         # fmt: on
 
     @classmethod
     def build_model(cls, args, task):
         vaswani_transformer_base(args)  # fill in what the architecture left unset
+        if args.offload_activations:
+            args.checkpoint_activations = True  # offloading implies checkpointing, as in fairseq
         for side in ("encoder", "decoder"):
             d_model, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
             if d_model % heads != 0:
@@ -298,6 +330,8 @@ def vaswani_transformer_base(args):
     args.alignment_layer = getattr(args, "alignment_layer", -1)
     args.max_source_positions = getattr(args, "max_source_positions", DEFAULT_MAX_POSITIONS)
     args.max_target_positions = getattr(args, "max_target_positions", DEFAULT_MAX_POSITIONS)
+    args.checkpoint_activations = getattr(args, "checkpoint_activations", False)
+    args.offload_activations = getattr(args, "offload_activations", False)
 
 
 register_model_architecture("vaswani_transformer", "vaswani_transformer_base")(vaswani_transformer_base)
