@@ -74,7 +74,8 @@ PYTHON="$COMPAT_VENV/bin/python"
 # WMT pipelines and reliability drills, which exercise the suite's own code rather than fairseq.
 tests=()
 for f in tests/test_compat.py tests/test_registry.py tests/test_criterion.py tests/test_lr_scheduler.py \
-         tests/test_end_to_end.py tests/test_rnn_models.py tests/test_rnn_cli.py tests/test_transformer*.py; do
+         tests/test_end_to_end.py tests/test_rnn_models.py tests/test_rnn_cli.py tests/test_transformer*.py \
+         tests/test_numerical_faults.py; do
     [ -f "$f" ] && tests+=("$f")
 done
 echo "== pytest on $COMPAT_FAIRSEQ: ${tests[*]}"
