@@ -25,13 +25,17 @@ sys.path.insert(0, REPO)
 from fairseq_plugins.cli import experiment  # noqa: E402
 
 # Adam instead of the papers' Adadelta/SGD: with minutes, not days, of training it is the
-# only way any model learns enough to compare; all models get the same optimiser.
-ADAM = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", "2e-3"]
+# only way any model learns enough to compare; every model gets the same optimiser, learning
+# rate and batch size. RNNsearch/RNNencdec start from PyTorch's initialisation, not the paper's
+# N(0, 0.01^2) (appendix B.1, made for 5 days of Adadelta): measured here with Adam at 5e-3,
+# rnnsearch_tiny reached training perplexity 1.3 after 600 updates from PyTorch's and 40 from
+# the paper's. Both models get the same one, so the comparison stays fair.
+ADAM = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--max-tokens", "2048"]
 NLL = ["--criterion", "label_smoothed_xent", "--label-smoothing", "0"]
-RNN = [*ADAM, *NLL, "--max-tokens", "2048"]
-TRANSFORMER = ["--arch", "vaswani_transformer_tiny", "--share-all-embeddings", *ADAM, "--lr-scheduler",
-               "inverse_sqrt_warmup", "--warmup-updates", "200", "--criterion", "label_smoothed_xent",
-               "--max-tokens", "4096"]
+RNN = [*ADAM, "--lr", "5e-3", *NLL]
+TRANSFORMER = ["--arch", "vaswani_transformer_tiny", "--share-all-embeddings", *ADAM, "--lr", "2e-3",
+               "--lr-scheduler", "inverse_sqrt_warmup", "--warmup-updates", "200",
+               "--criterion", "label_smoothed_xent"]
 
 
 def filter_by_length(raw, max_words):
@@ -67,8 +71,8 @@ def main(argv=None):
     p.add_argument("--work", default=os.path.join(REPO, "work", "paper_claims"))
     p.add_argument("--train", type=int, default=6000, help="training sentence pairs (5 to 50 words)")
     p.add_argument("--test", type=int, default=300, help="test sentence pairs (5 to 80 words)")
-    p.add_argument("--max-update", type=int, default=1200, help="updates per model (the equal budget)")
-    p.add_argument("--minutes", type=float, default=6.0, help="training time limit per model (a safety net)")
+    p.add_argument("--max-update", type=int, default=3000, help="updates per model (the equal budget)")
+    p.add_argument("--minutes", type=float, default=10.0, help="training time limit per model (a safety net)")
     p.add_argument("--quick", action="store_true",
                    help="the same code on a tiny budget (CI): checks that the report is produced, not the claims")
     args = p.parse_args(argv)
@@ -86,7 +90,7 @@ def main(argv=None):
         return experiment.train_and_evaluate(work, name, data, flags, args.max_update, args.minutes,
                                              score_last=score_last)
 
-    rnn = {f"{arch}-{n}": train(f"{arch}-{n}", data, ["--arch", f"{arch}_tiny", *RNN])
+    rnn = {f"{arch}-{n}": train(f"{arch}-{n}", data, ["--arch", f"{arch}_tiny", "--init", "pytorch", *RNN])
            for n, data in ((30, data30), (50, data50)) for arch in ("rnnencdec", "rnnsearch")}
     lstm = {name: train(name, data50, ["--arch", "seq2seq_lstm_tiny", flag, *RNN])
             for name, flag in (("seq2seq-reversed", "--reverse-source"), ("seq2seq-plain", "--no-reverse-source"))}
@@ -109,7 +113,8 @@ def main(argv=None):
              f" ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores).", "",
              f"Corpus: {args.train} training pairs of 5-50 words (-30 models: the pairs of at most 30 words), "
              f"{args.test} test pairs of 5-80 words. Each model: {args.max_update} updates or {args.minutes:g} "
-             "minutes on the CPU, Adam, beam 4, average of the last 5 checkpoints.", "",
+             "minutes on the CPU, Adam (RNNs: lr 5e-3; Transformer: lr 2e-3 with warm-up), 2048 tokens per batch, "
+             "beam 4, average of the last 5 checkpoints. RNNsearch/RNNencdec use `--init pytorch` (see run.py).", "",
              "## RNNencdec vs RNNsearch (Bahdanau et al. Table 1, Fig. 2)", "",
              "| model | BLEU | chrF | training (min) |", "|---|---:|---:|---:|"]
     lines += [f"| {n} | {r['bleu']} | {r['chrf']} | {r['train_minutes']} |" for n, r in rnn.items()]
