@@ -22,7 +22,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
+import sacrebleu  # noqa: E402
+
 from fairseq_plugins.cli import experiment  # noqa: E402
+from fairseq_plugins.cli._io import read_generate  # noqa: E402
 
 # Adam instead of the papers' Adadelta/SGD: with minutes, not days, of training it is the
 # only way any model learns enough to compare; every model gets the same optimiser, learning
@@ -55,6 +58,13 @@ def evaluated_checkpoint(work, name):
     """The averaged checkpoint of run ``name``, or its last one when nothing was averaged."""
     averaged = os.path.join(work, name, "average.pt")
     return averaged if os.path.exists(averaged) else os.path.join(work, name, "checkpoints", "checkpoint_last.pt")
+
+
+def bleu_by_source_length(work, name, shortest, longest):
+    """Corpus BLEU of run ``name`` on the test sentences whose source has shortest..longest words."""
+    entries = [e for e in read_generate(os.path.join(work, name, "generate.txt"))
+               if shortest <= len(e.src.split()) <= (longest or float("inf"))]
+    return round(sacrebleu.corpus_bleu([e.output for e in entries], [[e.ref for e in entries]]).score, 2)
 
 
 def read(work, name):
@@ -118,9 +128,17 @@ def main(argv=None):
              "## RNNencdec vs RNNsearch (Bahdanau et al. Table 1, Fig. 2)", "",
              "| model | BLEU | chrF | training (min) |", "|---|---:|---:|---:|"]
     lines += [f"| {n} | {r['bleu']} | {r['chrf']} | {r['train_minutes']} |" for n, r in rnn.items()]
-    lines += ["", f"RNNsearch ahead of RNNencdec at both lengths: "
-              f"{verdict(all(rnn[f'rnnsearch-{n}']['bleu'] > rnn[f'rnnencdec-{n}']['bleu'] for n in (30, 50)))}. "
-              "RNNencdec falling with length and RNNsearch-50 flat past 50 words: see the table and plot below.", "",
+    short, long_ = ({n: bleu_by_source_length(work, n, 1, 30) for n in rnn},
+                    {n: bleu_by_source_length(work, n, 51, None) for n in rnn})
+    lines += ["", f"- RNNsearch ahead of RNNencdec at both lengths: "
+              f"{verdict(all(rnn[f'rnnsearch-{n}']['bleu'] > rnn[f'rnnencdec-{n}']['bleu'] for n in (30, 50)))}.",
+              "- RNNencdec falling with length (BLEU on test sentences of more than 50 words below that on "
+              f"sentences of at most 30, for both): {verdict(all(long_[n] < short[n] for n in rnn if 'encdec' in n))} "
+              f"({', '.join(f'{n}: {short[n]} → {long_[n]}' for n in rnn if 'encdec' in n)}).",
+              "- RNNsearch-50 flat past 50 words (BLEU on sentences of more than 50 words at least 90% of that on "
+              f"sentences of at most 30): {verdict(long_['rnnsearch-50'] >= 0.9 * short['rnnsearch-50'])} "
+              f"({short['rnnsearch-50']} → {long_['rnnsearch-50']}; RNNsearch-30: {short['rnnsearch-30']} → "
+              f"{long_['rnnsearch-30']}).", "",
               "![BLEU by source length](bleu_by_length.png)", "", *read(work, "bleu_by_length.md"), "",
               "Alignments of RNNsearch-50 (beam search output, test sentences 0 and 1):", "",
               "![alignment](alignments/alignment-0.png)", "",
