@@ -698,10 +698,15 @@ def main(argv=None):
     # measurements fork from this process: CUDA must not be initialised here, not even by an
     # availability check (torch's NVML-based check leaves the driver alone)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    report_to_out(args, run, "fairseq-plugins-benchmark")
+
+
+def report_to_out(args, make_report, prog: str):
+    """Print ``make_report(args)`` and write it to ``--out``; a PluginError becomes one line."""
     try:
-        report = run(args)
+        report = make_report(args)
     except PluginError as e:
-        sys.exit(f"fairseq-plugins-benchmark: error: {e}")
+        sys.exit(f"{prog}: error: {e}")
     print(report)
     if args.out:
         with open(args.out, "w") as f:

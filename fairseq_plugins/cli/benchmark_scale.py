@@ -48,6 +48,7 @@ from fairseq_plugins.cli.benchmark import (
     markdown_table,
     pair_flags,
     prepare_data,
+    report_to_out,
     training_argv,
 )
 from fairseq_plugins.errors import PluginError
@@ -259,16 +260,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        report = run(args)
-    except PluginError as e:
-        sys.exit(f"fairseq-plugins-benchmark-scale: error: {e}")
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
-        log(f"wrote {args.out}")
+    report_to_out(parse_args(argv), run, "fairseq-plugins-benchmark-scale")
 
 
 if __name__ == "__main__":
