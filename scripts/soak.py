@@ -32,7 +32,7 @@ def rss_mib(pid: int) -> float:
     """Resident memory of ``pid`` in MiB (VmRSS of /proc/PID/status)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith("VmRSS:") and int(line.split()[1]) > 0:  # 0 kB while the process exits
                 return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
 
