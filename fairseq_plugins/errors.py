@@ -1,9 +1,9 @@
 """The suite's errors: each message is one line naming the flag, file or value at fault.
 
-fairseq's command-line tools print them without a traceback (see ``install_excepthook``),
-so ``fairseq-train --user-dir fairseq_plugins ...`` ends with ``error: <message>``.
+fairseq's command-line tools print them without a traceback (see
+:mod:`fairseq_plugins.patches.one_line_errors`), so ``fairseq-train --user-dir fairseq_plugins ...``
+ends with ``error: <message>``.
 """
-import sys
 
 
 class PluginError(Exception):
@@ -20,14 +20,3 @@ class CheckpointError(PluginError, RuntimeError):
 
 class NumericalError(PluginError, FloatingPointError):
     """Training produced NaN/Inf: names the update, its sentences and where the values went bad."""
-
-
-def _excepthook(exc_type, exc, tb, _previous=sys.excepthook):
-    if issubclass(exc_type, PluginError):
-        print(f"error: {exc}", file=sys.stderr)
-    else:
-        _previous(exc_type, exc, tb)
-
-
-def install_excepthook():
-    sys.excepthook = _excepthook

@@ -7,12 +7,10 @@ only does what is missing. Run it through ``bash scripts/quickstart.sh``.
 """
 import argparse
 import os
-import sys
+
+from fairseq_plugins import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from fairseq_plugins.cli import experiment  # noqa: E402
 
 # Small, CPU-friendly recipes: the papers' optimisers need days, these need minutes. RNNs get
 # a higher learning rate and PyTorch's initialisation for RNNsearch/RNNencdec: the paper's

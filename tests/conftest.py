@@ -1,11 +1,6 @@
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from helpers import make_corpus, preprocess  # noqa: E402
+from helpers import make_corpus, preprocess
 
 
 @pytest.fixture(scope="session")

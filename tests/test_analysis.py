@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from fairseq_plugins.cli import _io, bleu_by_length, nounk_bleu, plot_alignment, plot_curves, score
+from fairseq_plugins.analysis import bleu_by_length, generate_output, plot_alignment, plot_curves, report, score
+from fairseq_plugins.cli import bleu_by_length as bleu_by_length_cli
+from fairseq_plugins.cli import nounk_bleu as nounk_bleu_cli
+from fairseq_plugins.cli import plot_alignment as plot_alignment_cli
+from fairseq_plugins.cli import plot_curves as plot_curves_cli
+from fairseq_plugins.cli import score as score_cli
 
 VENV_BIN = os.path.dirname(sys.executable)
 
@@ -78,7 +83,7 @@ def generate_text(hyp=HYP):
 
 def test_read_generate_sorts_by_id_and_keeps_the_best_hypothesis(tmp_path):
     path = write(tmp_path / "gen.txt", generate_text({0: "", 1: HYP[1], 2: HYP[2]}))
-    gens = _io.read_generate(path)
+    gens = generate_output.read_generate(path)
     assert [g.id for g in gens] == [0, 1, 2]
     assert [g.src for g in gens] == [SRC[0], SRC[1], SRC[2]]
     assert gens[0].output == ""  # empty best hypothesis kept, not the second best
@@ -88,7 +93,7 @@ def test_read_generate_sorts_by_id_and_keeps_the_best_hypothesis(tmp_path):
 def test_bleu_by_length_scores_each_bucket_as_its_own_corpus(tmp_path, capsys):
     path = write(tmp_path / "gen.txt", generate_text())
     out = str(tmp_path / "len")
-    bleu_by_length.main(["--gen", f"sys={path}", "--buckets", "0,10,20", "--out", out])
+    bleu_by_length_cli.main(["--gen", f"sys={path}", "--buckets", "0,10,20", "--out", out])
     rows = table_rows(out + ".md")
     assert [r[:2] for r in rows] == [["0-10", "1"], ["10-20", "2"], ["20+", "0"]]
     # id 0 alone (3 words); ids 1 and 2 (15 and 12 words: BPE pieces are not words)
@@ -113,7 +118,7 @@ def test_bleu_by_length_plain_files_two_systems_and_empty_hypothesis(tmp_path):
     hyps_b = ["x z", "p q r s", "k l m n o p"]
     a, b = write(tmp_path / "a.txt", hyps_a), write(tmp_path / "b.txt", hyps_b)
     out = str(tmp_path / "len")
-    bleu_by_length.main(["--hyp", a, "--hyp", f"B={b}", "--ref", ref, "--src", src, "--buckets", "0,3", "--out", out])
+    bleu_by_length_cli.main(["--hyp", a, "--hyp", f"B={b}", "--ref", ref, "--src", src, "--buckets", "0,3", "--out", out])
     header = open(out + ".md").readline()
     assert "BLEU a" in header and "BLEU B" in header
     rows = table_rows(out + ".md")
@@ -126,21 +131,21 @@ def test_mismatched_line_counts_are_one_line_errors(tmp_path, capsys):
     hyp = write(tmp_path / "hyp.txt", ["a", "b", "c"])
     ref = write(tmp_path / "ref.txt", ["a", "b"])
     src = write(tmp_path / "src.txt", ["a", "b", "c"])
-    expect_cli_error(score.main, ["--hyp", hyp, "--ref", ref], capsys, hyp, ref, "3 lines", "has 2")
-    expect_cli_error(bleu_by_length.main, ["--hyp", hyp, "--ref", src, "--src", ref], capsys, ref, "has 2")
-    expect_cli_error(nounk_bleu.main, ["--hyp", hyp, "--ref", ref, "--src", src], capsys, ref, "has 2")
+    expect_cli_error(score_cli.main, ["--hyp", hyp, "--ref", ref], capsys, hyp, ref, "3 lines", "has 2")
+    expect_cli_error(bleu_by_length_cli.main, ["--hyp", hyp, "--ref", src, "--src", ref], capsys, ref, "has 2")
+    expect_cli_error(nounk_bleu_cli.main, ["--hyp", hyp, "--ref", ref, "--src", src], capsys, ref, "has 2")
 
 
 def test_missing_files_are_one_line_errors(tmp_path, capsys):
     missing = str(tmp_path / "nope.txt")
     ref = write(tmp_path / "ref.txt", ["a"])
-    expect_cli_error(score.main, ["--hyp", missing, "--ref", ref], capsys, "--hyp", missing)
-    expect_cli_error(bleu_by_length.main, ["--gen", missing], capsys, "--gen", missing)
-    expect_cli_error(plot_alignment.main, ["--gen", missing], capsys, "--gen", missing)
-    expect_cli_error(plot_curves.main, ["--log", missing], capsys, "--log", missing)
-    expect_cli_error(nounk_bleu.main, ["--gen", str(write(tmp_path / "g", generate_text())), "--src-vocab", missing],
+    expect_cli_error(score_cli.main, ["--hyp", missing, "--ref", ref], capsys, "--hyp", missing)
+    expect_cli_error(bleu_by_length_cli.main, ["--gen", missing], capsys, "--gen", missing)
+    expect_cli_error(plot_alignment_cli.main, ["--gen", missing], capsys, "--gen", missing)
+    expect_cli_error(plot_curves_cli.main, ["--log", missing], capsys, "--log", missing)
+    expect_cli_error(nounk_bleu_cli.main, ["--gen", str(write(tmp_path / "g", generate_text())), "--src-vocab", missing],
                      capsys, "--src-vocab", missing)
-    expect_cli_error(score.main, ["--gen", ref], capsys, "--gen", ref, "fairseq-generate")
+    expect_cli_error(score_cli.main, ["--gen", ref], capsys, "--gen", ref, "fairseq-generate")
 
 
 def test_nounk_subset_from_vocabularies_with_shortlist(tmp_path):
@@ -152,7 +157,7 @@ def test_nounk_subset_from_vocabularies_with_shortlist(tmp_path):
     tgt_vocab = write(tmp_path / "tgt.vocab", ["x", "y", "z"])
     files = [write(tmp_path / n, v) for n, v in (("s", src), ("r", ref), ("h", hyp))]
     out = str(tmp_path / "nounk")
-    nounk_bleu.main(["--hyp", f"sys={files[2]}", "--ref", files[1], "--src", files[0], "--src-vocab", src_dict,
+    nounk_bleu_cli.main(["--hyp", f"sys={files[2]}", "--ref", files[1], "--src", files[0], "--src-vocab", src_dict,
                      "--tgt-vocab", tgt_vocab, "--top", "3", "--out", out])
     # sentence 1 has source OOV "q", sentence 2 reference OOV "zz": the subset is {0, 3}
     [row] = table_rows(out + ".md")
@@ -166,7 +171,7 @@ def test_nounk_subset_from_unk_tokens_of_generate_output(tmp_path):
            "S-2\ta b c d", "T-2\tx <<unk>> y", "H-2\t-1\tx y", "D-2\t-1\tx y",
            "S-3\tb a c", "T-3\ty x z", "H-3\t-1\ty x", "D-3\t-1\ty x"]
     out = str(tmp_path / "nounk")
-    nounk_bleu.main(["--gen", str(write(tmp_path / "gen.txt", gen)), "--out", out])
+    nounk_bleu_cli.main(["--gen", str(write(tmp_path / "gen.txt", gen)), "--out", out])
     [row] = table_rows(out + ".md")
     assert row[1] == "4" and row[3] == "2"
     assert row[4] == f"{bleu(['x y', 'y x'], ['x y', 'y x z']):.2f}"
@@ -178,7 +183,7 @@ ALPHA = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]])  # [target (w, </s>) x sour
 def test_plot_alignment_soft_matrix_labels_and_png(tmp_path):
     gen = ["S-4\ta b", "T-4\tw", "H-4\t-1\tw", "D-4\t-1\tw",
            "A-4\t" + " ".join(",".join(f"{p:.6f}" for p in row) for row in ALPHA)]
-    g = _io.read_generate(write(tmp_path / "gen.txt", gen))[0]
+    g = generate_output.read_generate(write(tmp_path / "gen.txt", gen))[0]
     alpha, src, tgt, kind = plot_alignment.matrix_from_generation(g, "gen.txt")
     assert kind == "soft" and src == ["a", "b", "</s>"] and tgt == ["w", "</s>"]
     np.testing.assert_allclose(alpha, ALPHA)
@@ -190,17 +195,17 @@ def test_plot_alignment_soft_matrix_labels_and_png(tmp_path):
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("source", "target")
     np.testing.assert_allclose(ax.get_images()[0].get_array(), ALPHA)
     width, height = fig.get_size_inches() * 100
-    _io.save_figure(fig, str(tmp_path / "one.png"))
+    report.save_figure(fig, str(tmp_path / "one.png"))
     assert png_size(str(tmp_path / "one.png")) == (round(width), round(height))
 
-    plot_alignment.main(["--gen", str(tmp_path / "gen.txt"), "--out", str(tmp_path / "al")])
+    plot_alignment_cli.main(["--gen", str(tmp_path / "gen.txt"), "--out", str(tmp_path / "al")])
     assert png_size(str(tmp_path / "al" / "alignment-4.png"))[0] > 0
     assert "alignment-4.png" in open(tmp_path / "al" / "alignments.md").read()
 
 
 def test_plot_alignment_hard_links(tmp_path):
     gen = ["S-0\ta b c", "H-0\t-1\tx y", "A-0\t2-0 0-1"]
-    g = _io.read_generate(write(tmp_path / "gen.txt", gen))[0]
+    g = generate_output.read_generate(write(tmp_path / "gen.txt", gen))[0]
     alpha, src, tgt, kind = plot_alignment.matrix_from_generation(g, "gen.txt")
     assert kind == "hard" and src == ["a", "b", "c"] and tgt == ["x", "y"]
     np.testing.assert_array_equal(alpha, [[0, 0, 1], [1, 0, 0]])
@@ -218,12 +223,12 @@ def test_join_bpe_sums_source_columns_and_averages_target_rows():
 
 def test_plot_alignment_without_alignments_says_to_add_print_alignment(tmp_path, capsys):
     path = write(tmp_path / "gen.txt", generate_text())
-    expect_cli_error(plot_alignment.main, ["--gen", path], capsys, "--print-alignment", path)
+    expect_cli_error(plot_alignment_cli.main, ["--gen", path], capsys, "--print-alignment", path)
 
 
 def test_plot_alignment_rejects_alignment_of_other_tokenization(tmp_path, capsys):
     path = write(tmp_path / "gen.txt", ["S-0\ta b", "H-0\t-1\tx", "A-0\t0.5,0.5"])
-    expect_cli_error(plot_alignment.main, ["--gen", path, "--out", str(tmp_path)], capsys, "A-0", "--remove-bpe")
+    expect_cli_error(plot_alignment_cli.main, ["--gen", path, "--out", str(tmp_path)], capsys, "A-0", "--remove-bpe")
 
 
 SIMPLE_LOG = """\
@@ -246,7 +251,7 @@ def test_plot_curves_reads_simple_and_json_logs(tmp_path):
     simple.write_text("{'_name': None, 'common': {}}\n" + SIMPLE_LOG)
     (tmp_path / "json.log").write_text(JSON_LOG)
     out = str(tmp_path / "curves")
-    plot_curves.main(["--log", f"a={simple}", "--log", str(tmp_path / "json.log"), "--out", out])
+    plot_curves_cli.main(["--log", f"a={simple}", "--log", str(tmp_path / "json.log"), "--out", out])
     rows = table_rows(out + ".md")
     assert rows == [["a", "12", "5.494", "45.07", "4.982", "31.60", "4.982", "0.005"],
                     ["json", "12", "5.800", "55.70", "5.300", "39.40", "5.100", "0.002"]]
@@ -259,7 +264,7 @@ def test_plot_curves_reads_simple_and_json_logs(tmp_path):
 
 def test_plot_curves_log_without_progress_lines(tmp_path, capsys):
     path = write(tmp_path / "empty.log", ["nothing here"])
-    expect_cli_error(plot_curves.main, ["--log", path], capsys, "--log", path, "--log-format")
+    expect_cli_error(plot_curves_cli.main, ["--log", path], capsys, "--log", path, "--log-format")
 
 
 def test_compound_split_matches_the_perl_substitution():
@@ -276,7 +281,7 @@ def test_score_detokenized_inputs(tmp_path, capsys):
     tok_refs = ["Das ist das rich ##AT##-##AT## text Format , gut .", "Hallo , Welt !"]
     h, r = write(tmp_path / "h", hyps), write(tmp_path / "r", refs)
     out = str(tmp_path / "score")
-    score.main(["--hyp", f"sys={h}", "--ref", r, "--out", out])
+    score_cli.main(["--hyp", f"sys={h}", "--ref", r, "--out", out])
     printed = capsys.readouterr().out
     tokenized = BLEU(tokenize="none", smooth_method="none").corpus_score(tok_hyps, [tok_refs]).score
     [row] = table_rows(out + ".md")
@@ -293,7 +298,7 @@ def test_score_tokenized_inputs_are_detokenized_for_sacrebleu(tmp_path):
     detok_refs = ["Hallo, Welt!", 'Das ist "gut".']
     h, r = write(tmp_path / "h", tok_hyps), write(tmp_path / "r", tok_refs)
     out = str(tmp_path / "score")
-    score.main(["--hyp", h, "--ref", r, "--input-tokenized", "--out", out])
+    score_cli.main(["--hyp", h, "--ref", r, "--input-tokenized", "--out", out])
     [row] = table_rows(out + ".md")
     tokenized = BLEU(tokenize="none", smooth_method="none").corpus_score(tok_hyps, [tok_refs]).score
     assert row[2:] == [f"{bleu(detok_hyps, detok_refs):.2f}", f"{chrf(detok_hyps, detok_refs):.2f}",
@@ -342,11 +347,11 @@ def trained(tmp_path_factory):
 def test_fairseq_generate_output_through_bleu_by_length_and_plot_alignment(trained):
     gen = str(trained / "gen.txt")
     src_lines = (trained / "test.src").read_text().splitlines()
-    gens = _io.read_generate(gen)
+    gens = generate_output.read_generate(gen)
     assert [g.id for g in gens] == list(range(len(src_lines)))
 
     out = str(trained / "len")
-    bleu_by_length.main(["--gen", f"tiny={gen}", "--buckets", "0,10,20", "--out", out])
+    bleu_by_length_cli.main(["--gen", f"tiny={gen}", "--buckets", "0,10,20", "--out", out])
     rows = table_rows(out + ".md")
     for (lo, hi), row in zip(((0, 10), (10, 20)), rows):
         idx = [i for i, s in enumerate(src_lines) if lo <= len(s.split()) < hi]  # raw text, by line number
@@ -355,7 +360,7 @@ def test_fairseq_generate_output_through_bleu_by_length_and_plot_alignment(train
         assert row[2:] == [f"{bleu(hyps, refs):.2f}", f"{chrf(hyps, refs):.2f}"]
     png_size(out + ".png")
 
-    plot_alignment.main(["--gen", gen, "--out", str(trained / "al")])
+    plot_alignment_cli.main(["--gen", gen, "--out", str(trained / "al")])
     pngs = sorted(f for f in os.listdir(trained / "al") if f.endswith(".png"))
     assert len(pngs) == len(src_lines)
     png_size(str(trained / "al" / pngs[0]))
@@ -376,6 +381,6 @@ def test_fairseq_generate_output_through_bleu_by_length_and_plot_alignment(train
         str(trained / "ckpt/checkpoint_last.pt"), str(trained / "bin"), "test", [5], True)
     assert kind == "teacher-forced" and tgt[:-1] == gens[5].ref.split() and src[:-1] == gens[5].src.split()
     np.testing.assert_allclose(alpha.sum(axis=1), 1.0, atol=1e-5)
-    plot_alignment.main(["--path", str(trained / "ckpt/checkpoint_last.pt"), "--data", str(trained / "bin"),
+    plot_alignment_cli.main(["--path", str(trained / "ckpt/checkpoint_last.pt"), "--data", str(trained / "bin"),
                          "--ids", "5", "--teacher-forcing", "--out", str(trained / "tf")])
     png_size(str(trained / "tf" / "alignment-5.png"))

@@ -13,7 +13,8 @@ from helpers import run
 from torch.utils.flop_counter import FlopCounterMode
 
 from fairseq_plugins.cli import benchmark_scale
-from fairseq_plugins.cli.benchmark import EXTRA_FLOP_FORMULAS, parse_args
+from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS
+from fairseq_plugins.cli.benchmark import parse_args
 
 MEASUREMENTS = [
     "train target tokens/s",

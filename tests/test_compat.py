@@ -1,4 +1,4 @@
-"""fairseq_plugins.compat: batching keeps every sentence; checkpoints load weights-only."""
+"""fairseq_plugins.patches.batch_by_size and .checkpoint_loading: batching keeps every sentence; checkpoints load weights-only."""
 import os
 
 import numpy as np
@@ -8,7 +8,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import data_utils
 
 import fairseq_plugins  # noqa: F401  (installs the patches)
-from fairseq_plugins.compat import save_state
+from fairseq_plugins.checkpoints import save_state
 from fairseq_plugins.errors import CheckpointError
 
 

@@ -4,12 +4,13 @@ import collections
 import pytest
 
 from fairseq_plugins.cli import make_corpus
+from fairseq_plugins.data import synthetic_corpus
 
 
 def generate(tmp_path, *flags):
     make_corpus.main(["--out", str(tmp_path), "--train", "400", "--valid", "20", "--test", "20", *flags])
     read = lambda name: (tmp_path / name).read_text().splitlines()  # noqa: E731
-    return {f"{s}.{side}": read(f"{s}.{side}") for s in make_corpus.SPLITS for side in ("src", "tgt")}
+    return {f"{s}.{side}": read(f"{s}.{side}") for s in synthetic_corpus.SPLITS for side in ("src", "tgt")}
 
 
 def test_deterministic_and_seeded(tmp_path):
@@ -23,7 +24,7 @@ def test_deterministic_and_seeded(tmp_path):
 
 def test_lengths_and_alignment_of_lines(tmp_path):
     files = generate(tmp_path, "--min-len", "20", "--max-len", "50", "--test-max-len", "80")
-    for split in make_corpus.SPLITS:
+    for split in synthetic_corpus.SPLITS:
         assert len(files[f"{split}.src"]) == len(files[f"{split}.tgt"])
     train_lengths = [len(line.split()) for line in files["train.src"]]
     test_lengths = [len(line.split()) for line in files["test.src"]]
@@ -45,7 +46,7 @@ def test_distinct_vocabularies_and_target_phenomena(tmp_path):
 
 def test_adjective_follows_noun(tmp_path):
     """'the ADJ NOUN VERB ...' in the source comes out as 'ART NOUN ADJ ...' in the target."""
-    lex = make_corpus.Lexicon(1)
+    lex = synthetic_corpus.Lexicon(1)
     adjectives = dict(lex.adjs)
     nouns = {s: t for s, t, _ in lex.nouns}
     files = generate(tmp_path)

@@ -11,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from fairseq_plugins.compat import load_state
+from fairseq_plugins.checkpoints import load_state
 from helpers import TINY_BUILTIN_TRANSFORMER, USER_DIR, run, train
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@
 The command-line drills (NaN gradients, the sentence that caused them, an optimizer step that
 overflows) are in ``test_reliability.py``. Here:
 
-* :class:`fairseq_plugins.numerical_faults.NanDetector` on a model whose submodule returns a
+* :class:`fairseq_plugins.patches.numerical_faults.NanDetector` on a model whose submodule returns a
   dict of lists, where fairseq's own detector dies;
 * dynamic loss scaling, run by fairseq's own ``Trainer.train_step`` with the ``FP16Optimizer``
   or ``MemoryEfficientFP16Optimizer`` and ``DynamicLossScaler`` the trainer builds from the
@@ -29,7 +29,7 @@ from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 from fairseq.trainer import Trainer
 
 import fairseq_plugins  # noqa: F401  (registers the suite, installs the patches)
-from fairseq_plugins import numerical_faults
+from fairseq_plugins.patches import numerical_faults
 from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
 from fairseq_plugins.errors import NumericalError
 

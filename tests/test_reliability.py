@@ -18,8 +18,8 @@ import pytest
 import torch
 from helpers import TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, run
 
-from fairseq_plugins import atomic_checkpoints
-from fairseq_plugins.compat import load_state, save_state
+from fairseq_plugins.checkpoints import atomic_write, load_state, save_state
+from fairseq_plugins.patches import atomic_checkpoints
 from fairseq_plugins.errors import CheckpointError
 
 SUITE_TRAINING = ["--criterion", "label_smoothed_xent", "--label-smoothing", "0.1", "--lr-scheduler",
@@ -81,7 +81,7 @@ def test_package_import_makes_fairseq_checkpoint_writes_atomic():
              "from fairseq import checkpoint_utils\n"
              "print(checkpoint_utils.torch_persistent_save.__module__, checkpoint_utils.PathManager.__name__)\n")
     out = subprocess.run([sys.executable, "-I", "-c", probe], stdout=subprocess.PIPE, text=True, check=True).stdout
-    assert out.split() == ["fairseq_plugins.atomic_checkpoints", "AtomicPathManager"]
+    assert out.split() == ["fairseq_plugins.patches.atomic_checkpoints", "AtomicPathManager"]
 
 
 def test_copy_into_full_disk_raises_one_line_and_keeps_previous_file(tmp_path):
@@ -109,7 +109,7 @@ def test_interrupted_save_removes_its_temporary_file_and_leaves_target(tmp_path)
         pass
 
     with pytest.raises(Interrupt):
-        with atomic_checkpoints.atomic_write(str(target)) as f:
+        with atomic_write(str(target)) as f:
             f.write(b"half a checkpoint")
             raise Interrupt
     assert sha256(target) == before and os.listdir(tmp_path) == ["checkpoint_last.pt"]
@@ -123,7 +123,7 @@ def test_kill_9_in_the_middle_of_a_write_leaves_the_previous_file(tmp_path):
     before = sha256(target)
     child = (
         "import os, signal, sys\n"
-        "from fairseq_plugins.atomic_checkpoints import atomic_write\n"
+        "from fairseq_plugins.checkpoints import atomic_write\n"
         "with atomic_write(sys.argv[1]) as f:\n"
         "    f.write(b'x' * 100000); f.flush()\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -1,26 +1,23 @@
 """The memory soak (scripts/soak.py): its verdict on known series, and a tiny end-to-end run."""
-import os
 import sys
 
 import pytest
 from PIL import Image
 
+from fairseq_plugins.analysis.memory import verdict
 from helpers import REPO, run
-
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-import soak  # noqa: E402
 
 
 def test_verdict_flat_series_with_spikes_is_no_growth():
     samples = [(0, 200), (1, 400), (2, 500), (3, 501), (4, 560), (5, 499), (6, 502), (7, 500), (8, 501)]
-    result = soak.verdict(samples, warmup_minutes=2, tolerance=0.05)
+    result = verdict(samples, warmup_minutes=2, tolerance=0.05)
     assert not result["grew"]
     assert result["start_mib"] == 501 and result["end_mib"] == 501 and result["peak_mib"] == 560
 
 
 def test_verdict_steady_leak_is_growth():
     samples = [(t, 500 + 10 * t) for t in range(12)]  # 10 MiB a minute
-    result = soak.verdict(samples, warmup_minutes=2, tolerance=0.05)
+    result = verdict(samples, warmup_minutes=2, tolerance=0.05)
     assert result["grew"]
     assert result["slope_mib_per_hour"] == pytest.approx(600)
     assert result["growth"] == pytest.approx((600 - 530) / 530)  # t=3 against t=10
@@ -28,7 +25,7 @@ def test_verdict_steady_leak_is_growth():
 
 def test_verdict_needs_samples_after_warmup():
     with pytest.raises(ValueError, match="at least 6 samples after the 5-minute warm-up, got 2"):
-        soak.verdict([(t, 100) for t in range(7)], warmup_minutes=5, tolerance=0.05)
+        verdict([(t, 100) for t in range(7)], warmup_minutes=5, tolerance=0.05)
 
 
 @pytest.mark.slow

@@ -13,13 +13,13 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_plugins.cli.convert_transformer import convert_args, convert_state_dict
+from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.transformer import VaswaniTransformerModel
 from fairseq_plugins.modules.multihead_attention import MultiheadAttention
-from fairseq_plugins.modules.sinusoidal_positions import PositionalEncoding
+from fairseq_plugins.modules.positional_embedding import PositionalEncoding
 from fairseq_plugins.modules.transformer_layer import TransformerDecoderLayer, TransformerEncoderLayer
-from fairseq_plugins.tasks.translation_paper_lenpen import (
+from fairseq_plugins.tasks.translation_wu import (
     TranslationWuConfig,
     TranslationWuTask,
     WuSequenceGenerator,

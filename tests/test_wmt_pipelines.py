@@ -642,9 +642,9 @@ def test_sentencepiece_train_and_encode(tmp_path):
 
 
 @pytest.mark.slow
-def test_scripts_wrapper_tokenizes_stdin():
+def test_python_m_entry_point_tokenizes_stdin():
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "tokenize_corpus.py"), "tokenize", "-l", "fr"],
+        [sys.executable, "-m", "fairseq_plugins.cli.tokenize", "tokenize", "-l", "fr"],
         input="L'homme, c'est « lui ».\n", capture_output=True, text=True, check=True,
     )
     assert proc.stdout == "L&apos; homme , c&apos; est &quot; lui &quot; .\n"  # French elision split, escaped

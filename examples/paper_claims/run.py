@@ -19,13 +19,12 @@ import os
 import sys
 import time
 
+import sacrebleu
+
+from fairseq_plugins import experiment
+from fairseq_plugins.analysis.generate_output import read_generate
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
-
-import sacrebleu  # noqa: E402
-
-from fairseq_plugins.cli import experiment  # noqa: E402
-from fairseq_plugins.cli._io import read_generate  # noqa: E402
 
 # Adam instead of the papers' Adadelta/SGD: with minutes, not days, of training it is the
 # only way any model learns enough to compare; every model gets the same optimiser, learning

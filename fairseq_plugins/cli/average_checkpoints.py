@@ -4,61 +4,17 @@
     fairseq-plugins-average --inputs CKPT_DIR --num-epoch-checkpoints 20 --output avg.pt
     fairseq-plugins-average --inputs a.pt b.pt c.pt --output avg.pt
 
-Checkpoints are read with fairseq's loader (weights-only, see ``fairseq_plugins.compat``)
-and written atomically with fairseq's ``torch_persistent_save``, so ``fairseq-generate --path avg.pt``
-loads the result. The output keeps the newest input's configuration and drops optimizer
+Checkpoints are read with fairseq's loader (weights-only, see
+``fairseq_plugins.patches.checkpoint_loading``) and written atomically with fairseq's
+``torch_persistent_save``, so ``fairseq-generate --path avg.pt`` loads the result. The output keeps the newest input's configuration and drops optimizer
 state (an average is evaluated, not resumed). On any error nothing is written.
 """
 import argparse
 import os
-import re
 import sys
 
-from fairseq_plugins.compat import load_state, save_state
+from fairseq_plugins.checkpoints import EPOCH_PATTERN, UPDATE_PATTERN, average_states, last_checkpoints, save_state
 from fairseq_plugins.errors import PluginError
-
-EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
-UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
-
-
-def last_checkpoints(directory, n, pattern, upper_bound=None):
-    """The ``n`` newest checkpoints in ``directory`` whose names match ``pattern``."""
-    numbered = []
-    for name in os.listdir(directory):
-        match = pattern.match(name)
-        if match and (upper_bound is None or int(match.group(1)) <= upper_bound):
-            numbered.append((int(match.group(1)), os.path.join(directory, name)))
-    if len(numbered) < n:
-        kind = "epoch" if pattern is EPOCH_PATTERN else "update"
-        raise PluginError(f"{directory}: asked for the last {n} {kind} checkpoints, found {len(numbered)}")
-    return [path for _, path in sorted(numbered)[-n:]]
-
-
-def average_states(paths):
-    """Mean of the model parameters of ``paths``; the other entries of the newest one.
-
-    Sums are kept in float64 so the mean does not depend on the order of the inputs.
-    """
-    sums, reference, reference_path, state = None, None, None, None
-    for path in paths:
-        state = load_state(path)
-        model = state["model"]
-        shapes = {k: tuple(v.shape) for k, v in model.items()}
-        if reference is None:
-            reference, reference_path = shapes, path
-            sums = {k: v.double() for k, v in model.items()}
-            continue
-        if shapes != reference:
-            differing = sorted(set(shapes.items()) ^ set(reference.items()))[0][0]
-            raise PluginError(
-                f"{path}: parameters differ from {reference_path} (first at '{differing}'): different architectures"
-            )
-        for k, v in model.items():
-            sums[k] += v.double()
-    dtypes = {k: v.dtype for k, v in state["model"].items()}
-    state["model"] = {k: (s / len(paths)).to(dtypes[k]) for k, s in sums.items()}
-    state["last_optimizer_state"] = None
-    return state
 
 
 def build_parser():

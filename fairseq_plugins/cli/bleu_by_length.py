@@ -3,124 +3,27 @@
     fairseq-plugins-bleu-by-length --gen RNNsearch-50=gen50.txt --gen RNNencdec-50=genenc.txt \\
         --out length
 
-Sentences go to the bucket ``a-b`` when a <= source length < b (the last bucket is ``a+``);
-the source length counts whitespace tokens of the source, where subword-nmt pieces ending in
-``@@`` are not counted, so a BPE'd source is measured in words. Each bucket is scored as its
-own corpus with sacrebleu (``corpus_bleu``/``corpus_chrf``). Writes PREFIX.md and PREFIX.png.
+The computation is in :mod:`fairseq_plugins.analysis.bleu_by_length`.
 """
-import math
-from typing import List, Optional, Sequence, Tuple
-
-from sacrebleu.metrics import BLEU, CHRF
-
-from fairseq_plugins.cli import _io
-from fairseq_plugins.cli._io import CliError
-
-DEFAULT_EDGES = "0,10,20,30,40,50,60,70,80"
-
-
-def parse_edges(spec: str) -> List[int]:
-    try:
-        edges = [int(x) for x in spec.split(",")]
-    except ValueError:
-        raise CliError(f"--buckets {spec!r}: expected comma-separated integers like {DEFAULT_EDGES}")
-    if not edges or edges != sorted(set(edges)) or edges[0] < 0:
-        raise CliError(f"--buckets {spec!r}: edges must be non-negative and strictly increasing")
-    return edges
-
-
-def bucket_labels(edges: Sequence[int]) -> List[str]:
-    return [f"{a}-{b}" for a, b in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
-
-
-def source_length(src: str) -> int:
-    """Words of a source line: whitespace tokens, ``@@`` continuation pieces not counted."""
-    return sum(1 for tok in src.split() if not tok.endswith("@@"))
-
-
-def bucket_of(length: int, edges: Sequence[int]) -> Optional[int]:
-    """Index of the bucket holding ``length`` (None below the first edge)."""
-    index = None
-    for i, edge in enumerate(edges):
-        if length >= edge:
-            index = i
-    return index
-
-
-def scores_by_bucket(system: _io.System, edges: Sequence[int], tokenize: str
-                     ) -> List[Tuple[int, Optional[float], Optional[float]]]:
-    """(sentences, BLEU, chrF) per bucket; BLEU and chrF are None for an empty bucket."""
-    members = [[] for _ in edges]
-    for i, src in enumerate(system.srcs):
-        b = bucket_of(source_length(src), edges)
-        if b is not None:
-            members[b].append(i)
-    bleu, chrf = BLEU(tokenize=tokenize), CHRF()
-    rows = []
-    for idx in members:
-        if not idx:
-            rows.append((0, None, None))
-            continue
-        hyps = [system.hyps[i] for i in idx]
-        refs = [[system.refs[i] for i in idx]]
-        rows.append((len(idx), bleu.corpus_score(hyps, refs).score, chrf.corpus_score(hyps, refs).score))
-    return rows
-
-
-def table(names: List[str], labels: List[str], results: List[list]) -> str:
-    header = ["source length", "sentences"] + [f"BLEU {n}" for n in names] + [f"chrF {n}" for n in names]
-    rows = []
-    for b, label in enumerate(labels):
-        counts = [str(r[b][0]) for r in results]
-        # systems scored on different test sets have different counts: show each one
-        count = counts[0] if len(set(counts)) == 1 else "/".join(counts)
-        rows.append([label, count] + [_io.fmt(r[b][1]) for r in results] + [_io.fmt(r[b][2]) for r in results])
-    return _io.markdown_table(header, rows)
-
-
-def plot(names: List[str], labels: List[str], results: List[list], path: str):
-    fig, ax = _io.plt.subplots(figsize=(7, 4.5))
-    x = list(range(len(labels)))
-    for name, rows in zip(names, results):
-        ax.plot(x, [math.nan if r[1] is None else r[1] for r in rows], marker="o", label=name)
-    ax.set_xticks(x)
-    ax.set_xticklabels(labels)
-    ax.set_xlabel("Sentence length (source words)")
-    ax.set_ylabel("BLEU score")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    _io.save_figure(fig, path)
+from fairseq_plugins.analysis import bleu_by_length
+from fairseq_plugins.cli import common
 
 
 def get_parser():
-    parser = _io.ArgumentParser(prog="fairseq-plugins-bleu-by-length",
+    parser = common.ArgumentParser(prog="fairseq-plugins-bleu-by-length",
                                 description=__doc__.split("\n")[0])
-    _io.add_system_args(parser, src_help="plain source file (with --hyp): gives the sentence lengths")
-    parser.add_argument("--buckets", default=DEFAULT_EDGES, metavar="E0,E1,...",
+    common.add_system_args(parser, src_help="plain source file (with --hyp): gives the sentence lengths")
+    parser.add_argument("--buckets", default=bleu_by_length.DEFAULT_EDGES, metavar="E0,E1,...",
                         help="bucket edges; bucket a-b holds a <= length < b, the last is open, sentences "
-                        f"shorter than the first edge are left out (default {DEFAULT_EDGES}: 0-10, ..., 80+)")
+                        f"shorter than the first edge are left out (default {bleu_by_length.DEFAULT_EDGES}: 0-10, ..., 80+)")
     parser.add_argument("--tokenize", default="13a",
                         help="sacrebleu tokenizer for BLEU (13a, intl, none, ...; default 13a)")
-    _io.add_out_arg(parser, "bleu_by_length")
+    common.add_out_arg(parser, "bleu_by_length")
     return parser
 
 
-def cli(args):
-    edges = parse_edges(args.buckets)
-    systems = _io.load_systems(args, need_src=True)
-    labels = bucket_labels(edges)
-    names = [s.name for s in systems]
-    results = [scores_by_bucket(s, edges, args.tokenize) for s in systems]
-    text = table(names, labels, results)
-    _io.write_text(args.out + ".md", text)
-    plot(names, labels, results, args.out + ".png")
-    print(text, end="")
-    print(f"wrote {args.out}.md and {args.out}.png")
-
-
 def main(argv=None):
-    _io.run(get_parser(), cli, argv)
+    common.run(get_parser(), bleu_by_length.run, argv)
 
 
 if __name__ == "__main__":

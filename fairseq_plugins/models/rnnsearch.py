@@ -1,14 +1,12 @@
-"""RNNsearch (Bahdanau, Cho & Bengio, ICLR 2015) and the RNNencdec baseline it is compared
-against (Cho et al., 2014a), as fairseq models ``rnnsearch`` and ``rnnencdec``.
+"""RNNsearch (Bahdanau, Cho & Bengio, ICLR 2015) as the fairseq model ``rnnsearch``.
 
-Both decoders are one class, :class:`ConditionalGRUDecoder`: ``s_0 = tanh(W_s ·)``, the
-conditional GRU, the maxout deep output and the softmax. They differ only in the context
-source module it is given: the additive alignment model over the annotations
-(:class:`AttentionContext`) or one fixed vector for the whole sentence
-(:class:`FixedContext`). Equations: ../shared/papers/README.md §1.
+The decoder, :class:`ConditionalGRUDecoder` (``s_0 = tanh(W_s ·)``, the conditional GRU, the
+maxout deep output and the softmax), is shared with RNNencdec (:mod:`.rnnencdec`): the two
+differ only in the context source module it is given, here the additive alignment model over
+the annotations (:class:`AttentionContext`). Equations: ../shared/papers/README.md §1.
 
-The encoders' GRUs are the papers' GRU (reset gate before the recurrent matrix,
-:class:`fairseq_plugins.modules.conditional_gru.GRU`), not ``torch.nn.GRU``, which puts it
+The encoder's GRU is the papers' GRU (reset gate before the recurrent matrix,
+:class:`fairseq_plugins.modules.gru.GRU`), not ``torch.nn.GRU``, which puts it
 after. Tensors are batch-first everywhere (``encoder_out`` included); shapes are in comments.
 """
 from typing import Dict, List, Optional
@@ -26,7 +24,8 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor
 
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
-from fairseq_plugins.modules.conditional_gru import GRU, ConditionalGRUCell
+from fairseq_plugins.modules.conditional_gru import ConditionalGRUCell
+from fairseq_plugins.modules.gru import GRU
 from fairseq_plugins.modules.maxout import Maxout
 
 EncoderOut = Dict[str, List[Tensor]]
@@ -75,36 +74,6 @@ class BiGRUEncoder(FairseqEncoder):
         return self.max_source_positions
 
 
-class GRUEncoder(FairseqEncoder):
-    """Cho et al. (2014a) encoder: a GRU whose last state summarises the source,
-    ``c = tanh(V h_T)``. ``encoder_out``: c (bsz, n)."""
-
-    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, max_source_positions):
-        super().__init__(dictionary)
-        self.padding_idx = dictionary.pad()
-        self.max_source_positions = max_source_positions
-        self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, self.padding_idx)
-        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
-        self.layers = nn.ModuleList(
-            GRU(embed_dim if k == 0 else hidden_size, hidden_size) for k in range(num_layers)
-        )
-        self.V = nn.Linear(hidden_size, hidden_size)
-        self.output_units = hidden_size
-
-    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
-        padding_mask = src_tokens.eq(self.padding_idx)
-        h = self.dropout_module(self.embed_tokens(src_tokens))  # e(x_t)
-        for k, layer in enumerate(self.layers):
-            h, h_n = layer(self.dropout_module(h) if k > 0 else h, padding_mask)
-        c = torch.tanh(self.V(h_n[0]))  # c = tanh(V h_T), h_T of the top layer
-        return {"encoder_out": [c]}
-
-    def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        return reorder_batch_first(encoder_out, new_order)
-
-    def max_positions(self):
-        return self.max_source_positions
-
 
 class AttentionContext(nn.Module):
     """RNNsearch's context source: ``c_i`` from the additive alignment model over the
@@ -130,20 +99,6 @@ class AttentionContext(nn.Module):
         c, alpha = self.attention(s_prev, cache["U_a_h"], cache["h"], cache["padding_mask"])
         return c, cell.project_context(c), alpha
 
-
-class FixedContext(nn.Module):
-    """RNNencdec's context source: the encoder's summary c at every step (``C c`` computed
-    once per sentence) and ``x_0 = c`` (Cho et al.: ``h'_0 = tanh(V' c)``)."""
-
-    def initial_input(self, encoder_out: EncoderOut) -> Tensor:
-        return encoder_out["encoder_out"][0]  # c: (bsz, n)
-
-    def cache(self, encoder_out: EncoderOut, cell: ConditionalGRUCell) -> Dict[str, Tensor]:
-        c = encoder_out["encoder_out"][0]
-        return {"c": c, "C_c": cell.project_context(c)}  # (bsz, n), (bsz, 3n_dec)
-
-    def step(self, s_prev: Tensor, cache: Cache, cell: ConditionalGRUCell):
-        return cache["c"], cache["C_c"], None
 
 
 class ConditionalGRUDecoder(FairseqIncrementalDecoder):
@@ -335,32 +290,6 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
         return model
 
 
-@register_model("rnnencdec")
-class RNNencdecModel(RNNsearchModel):
-    """RNNencdec (Cho et al., 2014a, as trained by Bahdanau et al.): GRU encoder summarised
-    into one vector c, the same decoder and deep output conditioned on c at every step."""
-
-    @staticmethod
-    def add_args(parser):
-        add_gru_model_args(parser)
-
-    @classmethod
-    def build_model(cls, args, task):
-        rnnencdec_base(args)
-        check_gru_model_args(args)
-        encoder = GRUEncoder(
-            task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
-            args.encoder_layers, args.dropout, args.max_source_positions,
-        )
-        decoder = ConditionalGRUDecoder(
-            task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size,
-            context=FixedContext(), context_size=encoder.output_units, init_size=encoder.output_units,
-            maxout_dim=args.maxout_dim, dropout=args.dropout, deep_output_state=args.deep_output_state,
-            max_target_positions=args.max_target_positions,
-        )
-        return cls.initialised(encoder, decoder, args)
-
-
 def _gru_defaults(args):
     args.dropout = getattr(args, "dropout", 0.0)
     args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 620)
@@ -397,15 +326,3 @@ def rnnsearch_tiny(args):
     args.attention_hidden_size = getattr(args, "attention_hidden_size", 64)
     _tiny_sizes(args)
     rnnsearch_base(args)
-
-
-@register_model_architecture("rnnencdec", "rnnencdec")
-def rnnencdec_base(args):
-    """Paper sizes: n = 1000, m = 620, l = 500."""
-    _gru_defaults(args)
-
-
-@register_model_architecture("rnnencdec", "rnnencdec_tiny")
-def rnnencdec_tiny(args):
-    _tiny_sizes(args)
-    rnnencdec_base(args)

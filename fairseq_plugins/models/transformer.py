@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.modules.multihead_attention import IncrementalState
-from fairseq_plugins.modules.sinusoidal_positions import build_positional_encoding
+from fairseq_plugins.modules.positional_embedding import build_positional_encoding
 from fairseq_plugins.modules.transformer_layer import (
     TransformerDecoderLayer,
     TransformerEncoderLayer,

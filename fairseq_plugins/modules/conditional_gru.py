@@ -1,91 +1,9 @@
-"""Gated recurrent units exactly as Bahdanau et al. (2015, appendix A) and Cho et al. (2014a)
-write them — the reset gate applies *before* the recurrent matrix::
-
-    z_j = σ(W_z x_j + U_z h_{j-1})
-    r_j = σ(W_r x_j + U_r h_{j-1})
-    h̃_j = tanh(W x_j + U [r_j ∘ h_{j-1}])
-    h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j
-
-(``torch.nn.GRU`` computes ``r_j ∘ (U h_{j-1} + b)`` instead, a different function, and
-names the update gate the other way round.)
-
-One matrix per input group, rows stacked as [z; r; candidate]: ``W`` (with the biases,
-omitted from the paper's equations), ``U_zr`` and ``U``. The input projections do not
-depend on the state, so they are computed for all time steps in one matmul; the loop over
-time only does the two recurrent matmuls.
+"""The decoder GRU of RNNsearch and RNNencdec (Bahdanau et al. 2015, appendix A.2.2): the
+papers' GRU (:mod:`fairseq_plugins.modules.gru`) whose gates and candidate also see the context c_i.
 """
-from typing import Tuple
+from torch import Tensor, nn
 
-import torch
-import torch.nn as nn
-from torch import Tensor
-
-
-def gru_gates(x: Tensor, h_prev: Tensor, U_zr_h: Tensor, U: nn.Module) -> Tuple[Tensor, Tensor]:
-    """z_j and h̃_j from the non-recurrent projections ``x`` (..., 3n), ``h_{j-1}`` and ``U_zr h_{j-1}``."""
-    n = h_prev.size(-1)
-    z, r = torch.sigmoid(x[..., : 2 * n] + U_zr_h).chunk(2, dim=-1)  # z_j, r_j
-    h_tilde = torch.tanh(x[..., 2 * n :] + U(r * h_prev))  # h̃_j = tanh(W x_j + U [r_j ∘ h_{j-1}])
-    return z, h_tilde
-
-
-class BatchedLinear(nn.Module):
-    """One weight (out × in) per direction, applied to (directions, bsz, in) with one bmm."""
-
-    def __init__(self, directions: int, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(directions, out_features, in_features))
-        for w in self.weight:
-            nn.init.kaiming_uniform_(w, a=5 ** 0.5)  # nn.Linear's default
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.bmm(x, self.weight.transpose(1, 2))
-
-
-class GRU(nn.Module):
-    """The paper's GRU over whole sentences, one or two directions (``→h`` reads left to
-    right, ``←h`` right to left), run together in one loop over time.
-
-    Padding may be on either side: the state is carried unchanged over padding, so each
-    direction's state at a real token, and its final state, do not depend on the padding.
-    """
-
-    def __init__(self, input_size: int, hidden_size: int, bidirectional: bool = False):
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.directions = 2 if bidirectional else 1
-        self.W = nn.Linear(input_size, self.directions * 3 * hidden_size)  # [W_z; W_r; W] of each direction
-        self.U_zr = BatchedLinear(self.directions, hidden_size, 2 * hidden_size)  # [U_z; U_r]
-        self.U = BatchedLinear(self.directions, hidden_size, hidden_size)
-
-    def forward(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
-        """
-        Args:
-            x: (bsz, len, input_size); padding_mask: (bsz, len), True at padding.
-
-        Returns:
-            outputs (bsz, len, directions·n) — ``[→h_j; ←h_j]``, zero at padding — and the
-            final states (directions, bsz, n): ``→h_T`` and ``←h_1``.
-        """
-        bsz, length, _ = x.shape
-        D, n = self.directions, self.hidden_size
-        Wx = self.W(x).view(bsz, length, D, 3 * n).permute(1, 2, 0, 3)  # (len, D, bsz, 3n)
-        keep = (~padding_mask).t().to(x.dtype).unsqueeze(1).unsqueeze(3)  # (len, 1, bsz, 1)
-        keep = keep.expand(length, D, bsz, 1)
-        if D == 2:  # the backward direction's step j reads position len-1-j
-            Wx = torch.stack((Wx[:, 0], Wx[:, 1].flip(0)), dim=1)
-            keep = torch.stack((keep[:, 0], keep[:, 1].flip(0)), dim=1)
-        h = x.new_zeros(D, bsz, n)  # h_0 = 0
-        states = []
-        # unbind, not Wx[j]: each indexing's backward would allocate a zero tensor of the whole sequence
-        for Wx_j, keep_j in zip(Wx.unbind(0), keep.unbind(0)):
-            z, h_tilde = gru_gates(Wx_j, h, self.U_zr(h), self.U)
-            h = h + (keep_j * z) * (h_tilde - h)  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j; padding keeps h_{j-1}
-            states.append(h)
-        H = torch.stack(states, dim=0)  # (len, D, bsz, n)
-        directions = [H[:, 0]] if D == 1 else [H[:, 0], H[:, 1].flip(0)]
-        out = torch.cat(directions, dim=2).transpose(0, 1)  # (bsz, len, D·n)
-        return out.masked_fill(padding_mask.unsqueeze(2), 0.0), h
+from fairseq_plugins.modules.gru import gru_gates
 
 
 class ConditionalGRUCell(nn.Module):

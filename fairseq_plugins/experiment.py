@@ -12,10 +12,10 @@ import time
 
 import sacrebleu
 
-from fairseq_plugins.cli._io import read_generate
-from fairseq_plugins.cli.average_checkpoints import UPDATE_PATTERN
+from fairseq_plugins.analysis.generate_output import read_generate
+from fairseq_plugins.checkpoints import UPDATE_PATTERN
 
-USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 
 
@@ -65,7 +65,7 @@ def preprocess(raw, data, trainpref=None, dictionaries_from=None):
 
 
 def count_parameters(checkpoint):
-    from fairseq_plugins.compat import load_state
+    from fairseq_plugins.checkpoints import load_state
 
     seen, total = set(), 0
     for tensor in load_state(checkpoint)["model"].values():

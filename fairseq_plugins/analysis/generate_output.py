@@ -1,53 +1,23 @@
-"""Inputs and outputs shared by the analysis commands.
+"""Reading ``fairseq-generate`` output and plain one-sentence-per-line files.
 
-Reads ``fairseq-generate`` output (``S-``/``T-``/``H-``/``D-``/``P-``/``A-`` lines, any other
-line ignored, so a log with stderr mixed in works too) and plain one-sentence-per-line files,
-and writes the markdown tables and PNG figures every command produces. Bad input raises
-:class:`CliError`, which :func:`run` turns into one ``prog: error: ...`` line and exit code 2.
+``fairseq-generate`` output: ``S-``/``T-``/``H-``/``D-``/``P-``/``A-`` lines, any other line
+ignored, so a log with stderr mixed in works too. Bad input raises
+:class:`~fairseq_plugins.errors.ConfigError`, one line naming the flag and file at fault.
 """
-import argparse
-import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
-# importing fairseq's tasks (text_to_speech) sets the root logger to DEBUG: keep matplotlib quiet
-logging.getLogger("matplotlib").setLevel(logging.WARNING)
-import matplotlib  # noqa: E402
-
-from fairseq_plugins.errors import PluginError  # noqa: E402
-
-matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from fairseq_plugins.errors import ConfigError
 
 GENERATE_LINE = re.compile(r"^([STHDA])-(\d+)\t(.*)$")
 HARD_LINK = re.compile(r"^(\d+)-(\d+)$")
 
 
-class CliError(PluginError):
-    """Bad input: the message names the flag, file or value at fault (one line)."""
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but errors are one line (no usage block) and exit with code 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def run(parser: ArgumentParser, body, argv: Optional[Sequence[str]] = None):
-    """Parse ``argv`` and call ``body(args)``; a :class:`CliError` becomes a one-line error."""
-    args = parser.parse_args(argv)
-    try:
-        return body(args)
-    except CliError as e:
-        parser.error(str(e))
-
-
 def check_file(path: str, flag: str) -> str:
     if not os.path.isfile(path):
-        raise CliError(f"{flag} {path}: no such file")
+        raise ConfigError(f"{flag} {path}: no such file")
     return path
 
 
@@ -106,7 +76,7 @@ def read_generate(path: str, flag: str = "--gen") -> List[Generation]:
     missing = [g.id for g in gens if g.hyp is None and g.detok is None]
     if not gens or missing:
         where = f" (sentence {missing[0]})" if gens else ""
-        raise CliError(f"{flag} {path}: no H-/D- hypothesis lines{where}; expected fairseq-generate output")
+        raise ConfigError(f"{flag} {path}: no H-/D- hypothesis lines{where}; expected fairseq-generate output")
     return gens
 
 
@@ -114,7 +84,7 @@ def require(gens: List[Generation], field: str, path: str, flag: str, hint: str)
     """The ``field`` of every sentence, or an error naming the first sentence without it."""
     for g in gens:
         if getattr(g, field) is None:
-            raise CliError(f"{flag} {path}: sentence {g.id} has no {hint}")
+            raise ConfigError(f"{flag} {path}: sentence {g.id} has no {hint}")
     return [getattr(g, field) for g in gens]
 
 
@@ -134,7 +104,7 @@ def parse_alignment(field: str) -> Tuple[str, Alignment]:
     try:
         return "soft", [[float(p) for p in row.split(",")] for row in items]
     except ValueError:
-        raise CliError(f"unreadable A- field {field[:40]!r}: expected s-t pairs or comma-separated weights")
+        raise ConfigError(f"unreadable A- field {field[:40]!r}: expected s-t pairs or comma-separated weights")
 
 
 @dataclass
@@ -148,23 +118,10 @@ class System:
     srcs: Optional[List[str]]
 
 
-def add_system_args(parser: argparse.ArgumentParser, src_help: Optional[str]):
-    """--gen/--hyp/--ref, and --src (with ``src_help``) for commands that read sources."""
-    group = parser.add_argument_group("input: fairseq-generate output, or plain text files")
-    group.add_argument("--gen", action="append", default=[], metavar="[NAME=]FILE",
-                       help="fairseq-generate output of one system (repeat for several systems); "
-                       "D- lines are scored against T- lines, S- lines give the sources")
-    group.add_argument("--hyp", action="append", default=[], metavar="[NAME=]FILE",
-                       help="plain hypothesis file, one sentence per line (repeat for several systems)")
-    group.add_argument("--ref", metavar="FILE", help="plain reference file (with --hyp)")
-    if src_help is not None:
-        group.add_argument("--src", metavar="FILE", help=src_help)
-
-
 def load_systems(args, need_src: bool) -> List[System]:
     """The systems named by --gen or by --hyp/--ref/--src, checked for matching lengths."""
     if bool(args.gen) == bool(args.hyp):
-        raise CliError("give either --gen (fairseq-generate output) or --hyp with --ref")
+        raise ConfigError("give either --gen (fairseq-generate output) or --hyp with --ref")
     systems = []
     for spec in args.gen:
         name, path = split_name(spec)
@@ -174,9 +131,9 @@ def load_systems(args, need_src: bool) -> List[System]:
         systems.append(System(name, path, [g.output for g in gens], refs, srcs))
     if args.hyp:
         if args.ref is None:
-            raise CliError("--ref is required with --hyp")
+            raise ConfigError("--ref is required with --hyp")
         if need_src and args.src is None:
-            raise CliError("--src is required with --hyp")
+            raise ConfigError("--src is required with --hyp")
         refs = read_lines(args.ref, "--ref")
         srcs = read_lines(args.src, "--src") if need_src else None
         for spec in args.hyp:
@@ -191,32 +148,4 @@ def load_systems(args, need_src: bool) -> List[System]:
 
 def check_same_length(a: list, a_name: str, b: list, b_name: str):
     if len(a) != len(b):
-        raise CliError(f"{a_name} has {len(a)} lines but {b_name} has {len(b)}")
-
-
-def fmt(x: Optional[float], digits: int = 2) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def write_text(path: str, text: str):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def save_figure(fig, path: str, dpi: int = 100):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-
-
-def add_out_arg(parser: argparse.ArgumentParser, default: str):
-    parser.add_argument("--out", default=default, metavar="PREFIX",
-                        help="write PREFIX.md (markdown table) and PREFIX.png (figure); "
-                        f"default {default}")
+        raise ConfigError(f"{a_name} has {len(a)} lines but {b_name} has {len(b)}")

@@ -7,10 +7,10 @@ name of that save -- ``checkpoint_best.pt``, ``checkpoint_last.pt`` -- with
 truncated ``checkpoint_last.pt``, the very file the next ``fairseq-train`` resumes from; a
 full disk leaves it half-written and ends in a traceback from inside torch's zip writer.
 
-Importing this module changes two names inside ``fairseq.checkpoint_utils`` only:
+:func:`install` changes two names inside ``fairseq.checkpoint_utils`` only:
 
 * ``torch_persistent_save``: write ``X.tmp``, flush and fsync it, ``os.replace`` it onto
-  ``X``, fsync the directory;
+  ``X``, fsync the directory (:func:`fairseq_plugins.checkpoints.atomic_write`);
 * ``PathManager``: fairseq's class with ``copy`` done the same way, so every extra name of a
   save is renamed into place whole.
 
@@ -20,63 +20,13 @@ the file and the cause, and saying that the previous file of that name is untouc
 Paths served by iopath handlers (``manifold://``, ``s3://``) and asynchronous writes keep
 fairseq's own behaviour.
 """
-import contextlib
-import errno
-import os
 import shutil
 
 import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from fairseq_plugins.errors import CheckpointError
-
-
-def _os_error(error):
-    """The OSError behind ``error``: torch's zip writer re-raises write errors as RuntimeError."""
-    seen = error
-    while seen is not None and not isinstance(seen, OSError):
-        seen = seen.__cause__ or seen.__context__
-    return seen
-
-
-def _failure(path, error):
-    os_error = _os_error(error)
-    if os_error is not None and os_error.errno in errno.errorcode:
-        cause = f"{os_error.strerror} ({errno.errorcode[os_error.errno]})"
-    else:
-        cause = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-    directory = os.path.dirname(os.path.abspath(path))
-    return CheckpointError(f"{path}: checkpoint not saved: {cause}; the checkpoints already in {directory} are "
-                           "intact and no partial file was left; fix the cause (e.g. free disk space) and rerun "
-                           "(training resumes from checkpoint_last.pt)")
-
-
-def _fsync_directory(directory):
-    fd = os.open(directory or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_write(path):
-    """Yield a binary file; on success it becomes ``path`` in one rename, else ``path`` is untouched."""
-    tmp = path + ".tmp"
-    try:
-        try:
-            with open(tmp, "wb") as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except Exception as e:  # the bytes never reached disk whole: report the file, not torch internals
-            raise _failure(path, e) from None
-        _fsync_directory(os.path.dirname(path))
-    finally:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
+from fairseq_plugins.checkpoints import atomic_write
 
 
 def torch_persistent_save(obj, filename, async_write=False, _fairseq_save=checkpoint_utils.torch_persistent_save):
@@ -102,6 +52,3 @@ class AtomicPathManager(PathManager):
 def install():
     checkpoint_utils.torch_persistent_save = torch_persistent_save
     checkpoint_utils.PathManager = AtomicPathManager
-
-
-install()

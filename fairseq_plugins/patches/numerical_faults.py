@@ -15,7 +15,7 @@ first module whose output is NaN/Inf. Three things go wrong there:
 * a checkpoint is saved whatever the parameters hold: an optimizer step that overflows
   (``--lr 1e39`` in fp32) writes Inf parameters to ``checkpoint_last.pt`` and the next update fails.
 
-Importing this module changes, in fairseq's trainer only:
+:func:`install` changes, in fairseq's trainer only:
 
 * ``fairseq.trainer.NanDetector``: :class:`NanDetector`, fairseq's detector whose backward
   check is a hook on each output tensor (any nesting of dicts, lists and tuples), which
@@ -254,10 +254,8 @@ def save_checkpoint(self, filename, extra_state, _fairseq_save=Trainer.save_chec
 
 def install():
     if getattr(Trainer.train_step, "reports_numerical_faults", False):
-        return  # installed already (this file imported under a second name)
+        return  # installed already
     fairseq_trainer.NanDetector = NanDetector
     Trainer.train_step = train_step
     Trainer.save_checkpoint = save_checkpoint
 
-
-install()

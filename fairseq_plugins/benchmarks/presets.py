@@ -1,0 +1,121 @@
+"""What the benchmarks run: model sizes per preset, the pairs' flags, and the data.
+
+Pairs, on the same data and with the same flags (sizes of each preset in ``PRESETS``):
+
+* ``vaswani_transformer`` vs fairseq's ``transformer`` of identical size;
+* ``rnnsearch`` vs fairseq's ``lstm`` (bidirectional encoder, attention) at equal hidden sizes.
+"""
+import os
+import subprocess
+import sys
+from typing import Dict, List
+
+import fairseq_plugins
+from fairseq_plugins.errors import PluginError
+
+USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
+PAIR_NAMES = ("transformer", "rnnsearch")
+MODELS = ("ours", "theirs")
+# Sizes per preset. Transformer: layers per side, d_model, d_ff, heads. RNN: embedding E,
+# encoder hidden H per direction, decoder hidden, attention hidden n', maxout l (= lstm's
+# decoder-out-embed-dim, so both end in an l x V softmax). cpu: the anchor of
+# ../shared/notes/fairseq-on-this-machine.md; base/big: the papers' sizes (for GPUs).
+PRESETS = {
+    "tiny": dict(layers=1, d_model=32, d_ff=64, heads=2, transformer_archs=("vaswani_transformer", "transformer"),
+                 embed=16, enc_hidden=32, dec_hidden=64, att_hidden=64, maxout=32,
+                 warmup=1, updates=2, sentences=4, gen_batch=4, max_tokens=256, corpus=(300, 10, 20, 5, 12),
+                 budget=3),
+    "cpu": dict(layers=3, d_model=256, d_ff=1024, heads=4, transformer_archs=("vaswani_transformer", "transformer"),
+                embed=256, enc_hidden=256, dec_hidden=512, att_hidden=512, maxout=256,
+                warmup=3, updates=30, sentences=200, gen_batch=32, max_tokens=4096, corpus=(10000, 100, 200, 10, 40),
+                budget=25),
+    "base": dict(layers=6, d_model=512, d_ff=2048, heads=8,
+                 transformer_archs=("vaswani_transformer_base", "transformer"),
+                 embed=620, enc_hidden=1000, dec_hidden=1000, att_hidden=1000, maxout=500,
+                 warmup=10, updates=200, sentences=1000, gen_batch=128, max_tokens=4096,
+                 corpus=(20000, 100, 1000, 10, 40), budget=7),
+    "big": dict(layers=6, d_model=1024, d_ff=4096, heads=16,
+                transformer_archs=("vaswani_transformer_big", "transformer_vaswani_wmt_en_de_big"),
+                embed=620, enc_hidden=1000, dec_hidden=1000, att_hidden=1000, maxout=500,
+                warmup=10, updates=200, sentences=1000, gen_batch=128, max_tokens=4096,
+                corpus=(20000, 100, 1000, 10, 40), budget=7),
+}
+MAX_LEN_A, MAX_LEN_B = 1.2, 10  # generation length limit a·|x| + b (fairseq-generate's flags)
+
+
+def pair_flags(pair: str, preset: dict, shared_dictionary: bool) -> Dict[str, List[str]]:
+    """Model flags of ours and theirs; every size flag is given to both."""
+    if pair == "transformer":
+        sizes = []
+        for side in ("encoder", "decoder"):
+            sizes += [f"--{side}-layers", preset["layers"], f"--{side}-embed-dim", preset["d_model"],
+                      f"--{side}-ffn-embed-dim", preset["d_ff"], f"--{side}-attention-heads", preset["heads"]]
+        sizes.append("--share-all-embeddings" if shared_dictionary else "--share-decoder-input-output-embed")
+        ours_arch, theirs_arch = preset["transformer_archs"]
+        return {"ours": ["--arch", ours_arch, *sizes], "theirs": ["--arch", theirs_arch, *sizes]}
+    sizes = ["--encoder-embed-dim", preset["embed"], "--decoder-embed-dim", preset["embed"],
+             "--encoder-hidden-size", preset["enc_hidden"], "--decoder-hidden-size", preset["dec_hidden"],
+             "--encoder-layers", 1, "--decoder-layers", 1]
+    return {"ours": ["--arch", "rnnsearch", *sizes, "--attention-hidden-size", preset["att_hidden"],
+                     "--maxout-dim", preset["maxout"]],
+            "theirs": ["--arch", "lstm", *sizes, "--encoder-bidirectional", "--decoder-attention", "1",
+                       "--decoder-out-embed-dim", preset["maxout"]]}
+
+
+def device_flags(args) -> List[str]:
+    return (["--cpu"] if args.device == "cpu" else []) + (["--fp16"] if args.fp16 else [])
+
+
+def training_argv(args, model_flags: List[str], save_dir: str,
+                  criterion: str = "label_smoothed_cross_entropy") -> List[str]:
+    return [str(a) for a in [
+        args.data, "--user-dir", USER_DIR, "--task", "translation", *args.lang_flags, *model_flags,
+        "--dropout", 0.1, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", 7e-4,
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", 20, "--warmup-init-lr", 1e-7,
+        "--criterion", criterion, "--label-smoothing", 0.1,
+        "--max-tokens", args.max_tokens, "--seed", 1, "--num-workers", args.num_workers,
+        "--disable-validation", "--no-progress-bar", "--save-dir", save_dir, *device_flags(args)]]
+
+
+def generation_argv(args) -> List[str]:
+    return [str(a) for a in [
+        args.data, "--user-dir", USER_DIR, "--task", "translation", *args.lang_flags, "--gen-subset", "test",
+        "--beam", 4, "--batch-size", args.gen_batch, "--max-len-a", MAX_LEN_A, "--max-len-b", MAX_LEN_B,
+        "--min-len", args.min_len,
+        "--seed", 1, "--num-workers", 0, *device_flags(args)]]
+
+
+def prepare_data(args, preset: dict, work_dir: str) -> str:
+    """The synthetic corpus of the preset, preprocessed with a joined dictionary."""
+    train, valid, test, min_len, max_len = preset["corpus"]
+    raw, data = os.path.join(work_dir, "raw"), os.path.join(work_dir, "data-bin")
+    for cmd in (
+        [sys.executable, "-m", "fairseq_plugins.cli.make_corpus", "--out", raw, "--train", train, "--valid", valid,
+         "--test", test, "--min-len", min_len, "--max-len", max_len, "--seed", 1],
+        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "src", "--target-lang", "tgt",
+         "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
+         "--destdir", data, "--joined-dictionary", "--workers", 2]):
+        proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise PluginError(f"preparing the corpus failed: {' '.join(map(str, cmd[:3]))}: {proc.stdout[-500:]}")
+    return data
+
+
+def _dictionaries(data: str, args, need_test: bool = True) -> List[str]:
+    if args.source_lang and args.target_lang:
+        langs = [args.source_lang, args.target_lang]
+    else:
+        langs = sorted(n[len("dict."):-len(".txt")] for n in os.listdir(data)
+                       if n.startswith("dict.") and n.endswith(".txt"))
+    paths = [os.path.join(data, f"dict.{lang}.txt") for lang in langs]
+    if len(paths) != 2 or not all(os.path.isfile(p) for p in paths):
+        raise PluginError(f"--data {data}: expected fairseq-preprocess output with two dict.LANG.txt files "
+                          "(pass --source-lang/--target-lang)")
+    if need_test and not any(n.startswith("test.") for n in os.listdir(data)):
+        raise PluginError(f"--data {data}: no test split (generation runs on it)")
+    return paths
+
+
+def _same_file(a: str, b: str) -> bool:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()

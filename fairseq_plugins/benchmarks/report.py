@@ -1,0 +1,125 @@
+"""The benchmark's markdown report: medians, ratios ours/theirs, targets and run details."""
+import datetime
+import os
+import platform
+import statistics
+import sys
+from typing import List
+
+import fairseq
+import torch
+
+from fairseq_plugins.benchmarks.presets import MAX_LEN_A, MAX_LEN_B, MODELS
+
+TARGETS = {  # on this project's 2-core CPU (issues 3 and 4): (ratio, "min" or "max")
+    ("transformer", "train"): (1.15, "min"), ("transformer", "generate"): (1.3, "min"),
+    ("transformer", "memory"): (1.0, "max"),
+    ("rnnsearch", "train"): (1.0, "min"), ("rnnsearch", "generate"): (1.0, "min"),
+}
+PAIR_LABELS = {"transformer": ("vaswani_transformer", "transformer"), "rnnsearch": ("rnnsearch", "lstm")}
+
+
+def _median(results: List[dict], key: str) -> float:
+    return statistics.median(r[key] for r in results)
+
+
+def _target(pair: str, what: str, ratio: float) -> str:
+    if (pair, what) not in TARGETS:
+        return ""
+    bound, sense = TARGETS[(pair, what)]
+    met = ratio >= bound if sense == "min" else ratio <= bound
+    return f"{'≥' if sense == 'min' else '≤'} {bound:.2f}× {'✓' if met else '✗'}"
+
+
+def _hypotheses_row(pair: str, table) -> List[str]:
+    ours = table[(pair, "generate", "ours")][0]["hypotheses"]
+    theirs = table[(pair, "generate", "theirs")][0]["hypotheses"]
+    same = sum(ours[i] == theirs.get(i) for i in ours)
+    identical = same == len(ours) == len(theirs)
+    note = "same weights (converted)" if pair == "transformer" else "different models, not expected"
+    return [pair, "hypotheses identical", f"{identical} ({same}/{len(ours)})", note, "", ""]
+
+
+def format_report(args, preset, precision, machine, table, counts, seconds) -> str:
+    ceiling = machine["ceilings"][precision]
+    rows = []
+    for pair in args.pairs:
+        ours_name, theirs_name = PAIR_LABELS[pair]
+        train = {m: table[(pair, "train", m)] for m in MODELS}
+        gen = {m: table[(pair, "generate", m)] for m in MODELS}
+        metrics = [
+            ("train target tokens/s", train, "tokens_per_s", "train", "{:,.0f}"),
+            ("generate sentences/s (beam 4)", gen, "sentences_per_s", "generate", "{:,.1f}"),
+            ("generate hypothesis tokens/s", gen, "hyp_tokens_per_s", "", "{:,.0f}"),
+            ("train peak RSS (MiB)", train, "peak_rss_mb", "memory", "{:,.0f}"),
+            ("generate peak RSS (MiB)", gen, "peak_rss_mb", "memory", "{:,.0f}"),
+        ]
+        if args.device == "cuda":
+            metrics += [("train peak CUDA memory (MiB)", train, "cuda_peak_mb", "memory", "{:,.0f}"),
+                        ("generate peak CUDA memory (MiB)", gen, "cuda_peak_mb", "memory", "{:,.0f}")]
+        for name, results, key, what, fmt in metrics:
+            ours, theirs = _median(results["ours"], key), _median(results["theirs"], key)
+            digits = 3 if what == "memory" else 2
+            rows.append([pair, name, fmt.format(ours), fmt.format(theirs), f"{ours / theirs:.{digits}f}×",
+                         _target(pair, what, ours / theirs)])
+        model_flops = {m: _median(train[m], "flops_per_token") * _median(train[m], "tokens_per_s") for m in MODELS}
+        rows.append([pair, f"train model GFLOP/s (% of {precision} matmul ceiling)",
+                     *(f"{model_flops[m] / 1e9:,.1f} ({100 * model_flops[m] / ceiling:.1f}%)" for m in MODELS),
+                     f"{model_flops['ours'] / model_flops['theirs']:.2f}×", ""])
+        rows.append(_hypotheses_row(pair, table))
+    header = ["pair", "measurement", "ours", "fairseq built-in", "ours / built-in", "target (this CPU)"]
+    ceilings = ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in machine["ceilings"].items())
+    details = []
+    for (pair, kind, model), results in table.items():
+        key = "tokens_per_s" if kind == "train" else "sentences_per_s"
+        values = ", ".join(f"{r[key]:,.1f}" for r in results)
+        extra = (f"; hypothesis length {results[0]['hyp_tokens_per_sentence']:.1f} tokens" if kind == "generate"
+                 else f"; {_median(results, 'flops_per_token') / 1e6:.1f} MFLOP per target token")
+        details.append(f"- {kind} {pair} {model} ({PAIR_LABELS[pair][MODELS.index(model)]}): {values}{extra}")
+    report = [
+        "# fairseq-plugins benchmark: ours vs fairseq's built-ins",
+        "",
+        *describe_run(args, seconds, f" (torch threads {machine['threads']}), GPU: {machine.get('gpu', 'none')}"),
+        f"- settings: device {args.device}, precision {precision}"
+        f"{' (torch.autocast, fp32 weights)' if precision == 'bf16' else ''}, preset {args.preset}, "
+        f"data {args.data_label}, --max-tokens {args.max_tokens}, {args.warmup} warm-up + 1 FLOP-counting + "
+        f"{counts[(args.pairs[0], 'train')]} timed updates, "
+        f"{counts[(args.pairs[0], 'generate')]} test sentences at beam 4 (batch {args.gen_batch}, "
+        f"length {args.min_len} to {MAX_LEN_A}·|x|+{MAX_LEN_B}), {args.repeats} repeats interleaved (medians)",
+        f"- matmul ceiling: {ceilings}",
+        "",
+        *markdown_table(header, rows),
+        "",
+        "Per repeat (tokens/s or sentences/s):",
+        "",
+        *details,
+        "",
+    ]
+    return "\n".join(report)
+
+
+def markdown_table(header: List[str], rows: List[List[str]]) -> List[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def describe_run(args, seconds: float, hardware: str = "") -> List[str]:
+    """The report's first lines: date, machine and its load, software, command."""
+    return [
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; run took {seconds / 60:.1f} min",
+        f"- machine: {_cpu_model()}, {os.cpu_count()} cores{hardware}; {platform.platform()}; load average at "
+        f"start/end {args.load_at_start:.1f}/{os.getloadavg()[0]:.1f} (other processes share the machine)",
+        f"- software: Python {platform.python_version()}, torch {torch.__version__}, fairseq {fairseq.__version__}",
+        f"- command: `{' '.join(sys.argv)}`",
+    ]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"

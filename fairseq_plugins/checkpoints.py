@@ -1,0 +1,144 @@
+"""Reading and writing fairseq checkpoints: the library the tools and the patches share.
+
+* :func:`load_state` reads a checkpoint weights-only with one-line errors (see
+  :mod:`fairseq_plugins.patches.checkpoint_loading`);
+* :func:`save_state` writes one the way fairseq does, atomically;
+* :func:`atomic_write` is the temporary-name-then-rename write behind every checkpoint file
+  (see :mod:`fairseq_plugins.patches.atomic_checkpoints`);
+* :func:`is_encoder_fast_path_copy` names the redundant entries fairseq 0.12.2 adds;
+* :func:`last_checkpoints` and :func:`average_states` pick and average checkpoints
+  (``fairseq-plugins-average``).
+"""
+import contextlib
+import errno
+import os
+import re
+
+from fairseq import checkpoint_utils
+from omegaconf import DictConfig, OmegaConf
+
+from fairseq_plugins.errors import CheckpointError, PluginError
+from fairseq_plugins.patches.checkpoint_loading import load_checkpoint_to_cpu
+
+EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_PATTERN = re.compile(r"^checkpoint_\d+_(\d+)\.pt$")
+
+
+def last_checkpoints(directory, n, pattern, upper_bound=None):
+    """The ``n`` newest checkpoints in ``directory`` whose names match ``pattern``."""
+    numbered = []
+    for name in os.listdir(directory):
+        match = pattern.match(name)
+        if match and (upper_bound is None or int(match.group(1)) <= upper_bound):
+            numbered.append((int(match.group(1)), os.path.join(directory, name)))
+    if len(numbered) < n:
+        kind = "epoch" if pattern is EPOCH_PATTERN else "update"
+        raise PluginError(f"{directory}: asked for the last {n} {kind} checkpoints, found {len(numbered)}")
+    return [path for _, path in sorted(numbered)[-n:]]
+
+
+def average_states(paths):
+    """Mean of the model parameters of ``paths``; the other entries of the newest one.
+
+    Sums are kept in float64 so the mean does not depend on the order of the inputs.
+    """
+    sums, reference, reference_path, state = None, None, None, None
+    for path in paths:
+        state = load_state(path)
+        model = state["model"]
+        shapes = {k: tuple(v.shape) for k, v in model.items()}
+        if reference is None:
+            reference, reference_path = shapes, path
+            sums = {k: v.double() for k, v in model.items()}
+            continue
+        if shapes != reference:
+            differing = sorted(set(shapes.items()) ^ set(reference.items()))[0][0]
+            raise PluginError(
+                f"{path}: parameters differ from {reference_path} (first at '{differing}'): different architectures"
+            )
+        for k, v in model.items():
+            sums[k] += v.double()
+    dtypes = {k: v.dtype for k, v in state["model"].items()}
+    state["model"] = {k: (s / len(paths)).to(dtypes[k]) for k, s in sums.items()}
+    state["last_optimizer_state"] = None
+    return state
+
+
+def load_state(path):
+    """Read a checkpoint with the suite's safe loader; it must hold model weights."""
+    state = load_checkpoint_to_cpu(path)
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path}: not a fairseq checkpoint (no 'model' entry)")
+    return state
+
+
+def save_state(state, path):
+    """Write a checkpoint dict the way fairseq does, atomically (temporary name, then rename).
+
+    fairseq's loader turns the stored ``cfg`` into an omegaconf DictConfig; it is stored as
+    plain containers again so the file loads weights-only.
+    """
+    if isinstance(state.get("cfg"), DictConfig):
+        state = dict(state, cfg=OmegaConf.to_container(state["cfg"], resolve=True, enum_to_str=True))
+    checkpoint_utils.torch_persistent_save(state, path)
+
+
+def is_encoder_fast_path_copy(key):
+    """Whether ``key`` is one of the state-dict entries 0.12.2's encoder layers add for their fast path.
+
+    ``encoder.layers.N.{in_proj,out_proj,fc1,fc2}_{weight,bias}``: copies of ``self_attn``'s
+    q/k/v/out projections and of ``fc1``/``fc2`` (zeros in a checkpoint saved by training), so
+    a converter can drop them. Checkpoints of other fairseq versions have none.
+    """
+    return re.search(r"(^|\.)encoder\.layers\.\d+\.(in_proj|out_proj|fc1|fc2)_(weight|bias)$", key) is not None
+
+
+def _os_error(error):
+    """The OSError behind ``error``: torch's zip writer re-raises write errors as RuntimeError."""
+    seen = error
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
+
+
+def _failure(path, error):
+    os_error = _os_error(error)
+    if os_error is not None and os_error.errno in errno.errorcode:
+        cause = f"{os_error.strerror} ({errno.errorcode[os_error.errno]})"
+    else:
+        cause = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+    directory = os.path.dirname(os.path.abspath(path))
+    return CheckpointError(f"{path}: checkpoint not saved: {cause}; the checkpoints already in {directory} are "
+                           "intact and no partial file was left; fix the cause (e.g. free disk space) and rerun "
+                           "(training resumes from checkpoint_last.pt)")
+
+
+def _fsync_directory(directory):
+    fd = os.open(directory or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Yield a binary file; on success it becomes ``path`` in one rename, else ``path`` is untouched.
+
+    A failure (``ENOSPC``, ``EFBIG``, ``EDQUOT``, ...) removes the ``.tmp`` file and raises
+    :class:`CheckpointError`, one line naming the file and the cause.
+    """
+    tmp = path + ".tmp"
+    try:
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except Exception as e:  # the bytes never reached disk whole: report the file, not torch internals
+            raise _failure(path, e) from None
+        _fsync_directory(os.path.dirname(path))
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)

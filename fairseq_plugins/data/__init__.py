@@ -1,0 +1,1 @@
+"""Corpora: the embedded synthetic language pair, and Moses-style text preparation."""

@@ -1,0 +1,24 @@
+"""Every change the suite makes to fairseq's behaviour, one module per behaviour.
+
+Each module has an idempotent ``install()``; :func:`install_all` calls them in order and
+``fairseq_plugins/__init__.py`` calls it once, before the registries are imported. Nothing
+here patches fairseq as an import side effect. The README's "Patches to fairseq" table lists
+each one with the reason and the upstream issue.
+"""
+from fairseq_plugins.patches import (
+    atomic_checkpoints,
+    batch_by_size,
+    checkpoint_loading,
+    encoder_fast_path,
+    numerical_faults,
+    one_line_errors,
+)
+
+# Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
+PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
+           one_line_errors]
+
+
+def install_all():
+    for patch in PATCHES:
+        patch.install()

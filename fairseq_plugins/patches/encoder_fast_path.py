@@ -1,0 +1,24 @@
+"""fairseq 0.12.2's built-in transformer encoder stays off its broken "BetterTransformer" path.
+
+Once a checkpoint is loaded, 0.12.2's ``TransformerEncoderLayerBase`` takes a fast path in
+eval mode that calls ``torch._transformer_encoder_layer_fwd`` without the ``mask_type``
+argument torch >= 2.0 requires, so ``fairseq-generate`` on a built-in ``transformer`` dies
+with ``RuntimeError: Mask Type should be defined`` (upstream issues #4858, #4899; fairseq's
+main branch removed the fast path). :func:`load_encoder_layer_state` keeps such layers on the
+ordinary path, which computes the same function from the same weights. Other fairseq versions
+are left alone.
+"""
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+_fairseq_load = TransformerEncoderLayerBase.__dict__.get("_load_from_state_dict")
+
+
+def load_encoder_layer_state(layer, *args):
+    """0.12.2's state-dict loading, which also fills the fast path's fused weights, without arming that path."""
+    _fairseq_load(layer, *args)
+    layer.load_to_BT = False  # the flag both the encoder and its layers test before the fast path
+
+
+def install():
+    if _fairseq_load is not None:  # only 0.12.2 overrides it (fast path)
+        TransformerEncoderLayerBase._load_from_state_dict = load_encoder_layer_state

@@ -1,4 +1,0 @@
-from fairseq_plugins.cli.nounk_bleu import main
-
-if __name__ == "__main__":
-    main()
