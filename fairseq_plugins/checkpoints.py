@@ -17,7 +17,7 @@ import re
 from fairseq import checkpoint_utils
 from omegaconf import DictConfig, OmegaConf
 
-from fairseq_plugins.errors import CheckpointError, PluginError
+from fairseq_plugins.errors import CheckpointError, ConfigError
 from fairseq_plugins.patches.checkpoint_loading import load_checkpoint_to_cpu
 
 EPOCH_PATTERN = re.compile(r"^checkpoint(\d+)\.pt$")
@@ -33,8 +33,24 @@ def last_checkpoints(directory, n, pattern, upper_bound=None):
             numbered.append((int(match.group(1)), os.path.join(directory, name)))
     if len(numbered) < n:
         kind = "epoch" if pattern is EPOCH_PATTERN else "update"
-        raise PluginError(f"{directory}: asked for the last {n} {kind} checkpoints, found {len(numbered)}")
+        raise ConfigError(f"{directory}: asked for the last {n} {kind} checkpoints, found {len(numbered)}")
     return [path for _, path in sorted(numbered)[-n:]]
+
+
+def checkpoint_paths(inputs, num_epoch_checkpoints=None, num_update_checkpoints=None, upper_bound=None):
+    """The files named by ``fairseq-plugins-average --inputs``: themselves, or the last N of a directory."""
+    count = num_epoch_checkpoints or num_update_checkpoints
+    if count is None:
+        for path in inputs:
+            if not os.path.isfile(path):
+                raise ConfigError(f"{path}: no such checkpoint file")
+        return inputs
+    if count < 1:
+        raise ConfigError(f"asked to average {count} checkpoints: need at least 1")
+    if len(inputs) != 1 or not os.path.isdir(inputs[0]):
+        raise ConfigError(f"{' '.join(inputs)}: --num-*-checkpoints needs exactly one checkpoint directory")
+    pattern = EPOCH_PATTERN if num_epoch_checkpoints else UPDATE_PATTERN
+    return last_checkpoints(inputs[0], count, pattern, upper_bound)
 
 
 def average_states(paths):
@@ -53,7 +69,7 @@ def average_states(paths):
             continue
         if shapes != reference:
             differing = sorted(set(shapes.items()) ^ set(reference.items()))[0][0]
-            raise PluginError(
+            raise CheckpointError(
                 f"{path}: parameters differ from {reference_path} (first at '{differing}'): different architectures"
             )
         for k, v in model.items():

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fairseq_plugins.cli import benchmark_scale
 from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS
-from fairseq_plugins.cli.benchmark import parse_args
+from fairseq_plugins.cli import benchmark
 
 MEASUREMENTS = [
     "train target tokens/s",
@@ -96,9 +96,11 @@ def test_scale_tiny_run_reports_8_cells_and_the_ratios(data_bin, tmp_path):
     (["--data", "/nonexistent/data-bin"], "--data /nonexistent/data-bin: no such directory"),
 ])
 def test_scale_bad_flags_give_one_line_errors(argv, message, capsys):
-    with pytest.raises(SystemExit):
-        benchmark_scale.parse_args(argv)
-    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        benchmark_scale.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("fairseq-plugins-benchmark-scale: error: ") and err.count("\n") == 1
+    assert message in err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -108,9 +110,11 @@ def test_scale_bad_flags_give_one_line_errors(argv, message, capsys):
     (["--data", "/nonexistent/data-bin"], "--data /nonexistent/data-bin: no such directory"),
 ])
 def test_bad_flags_give_one_line_errors(argv, message, capsys):
-    with pytest.raises(SystemExit):
-        parse_args(argv)
-    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        benchmark.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("fairseq-plugins-benchmark: error: ") and err.count("\n") == 1
+    assert message in err
 
 
 def _count(fn, *args):

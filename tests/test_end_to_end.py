@@ -93,7 +93,7 @@ def test_average_is_the_mean_and_generates(run_dir, tmp_path):
 def average_fails(args, output):
     proc = run(["fairseq-plugins-average", *args, "--output", output], check=False)
     assert proc.returncode == 2, proc.stdout
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("fairseq-plugins-average: error:")]
     assert len(lines) == 1, proc.stdout
     return lines[0]
 

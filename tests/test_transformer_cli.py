@@ -79,8 +79,9 @@ def test_converter_errors_are_one_line(data_bin, tmp_path, capsys):
     ]:
         with pytest.raises(SystemExit) as e:
             convert_transformer.main(argv)
-        text = str(e.value.code)
-        assert message in text and "\n" not in text
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith("fairseq-plugins-convert-transformer: error: ")
+        assert message in err and err.count("\n") == 1
     assert existing.read_bytes() == b"keep me"  # never overwritten without --force
 
 

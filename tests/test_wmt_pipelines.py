@@ -12,7 +12,6 @@ import gzip
 import io
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -518,6 +517,9 @@ def test_en_fr_rnnsearch_trains_generates_and_scores_by_length_and_unk(raw, en_f
 # ----------------------------------------------------------------------------- fairseq-plugins-tokenize
 
 
+TOK = "fairseq-plugins-tokenize"
+
+
 def run_tok(*argv):
     tok.main([str(a) for a in argv])
 
@@ -591,42 +593,44 @@ def test_clean_drops_by_length_and_ratio_and_keeps_pairs_aligned(tmp_path, capsy
     assert f"clean: {src}: 9 lines; 1 CRLF endings removed; 1 with invalid UTF-8" in err
 
 
-def test_clean_stops_on_different_line_counts_with_both_counts(tmp_path):
+def test_clean_stops_on_different_line_counts_with_both_counts(tmp_path, capsys):
     src = write_lines(tmp_path / "c.en", [b"a", b"b", b"c", b"d"])
     tgt = write_lines(tmp_path / "c.de", [b"x", b"y"])
     so, to = tmp_path / "o.en", tmp_path / "o.de"
     with pytest.raises(SystemExit) as e:
         run_tok("clean", "--src", src, "--tgt", tgt, "--src-out", so, "--tgt-out", to)
-    assert str(e.value) == f"clean: error: line counts differ: {src} has 4 lines, {tgt} has 2 lines"
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"{TOK}: error: clean: line counts differ: {src} has 4 lines, {tgt} has 2 lines\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.de", "c.en"]  # no output, no .part
     with pytest.raises(SystemExit) as e:
         run_tok("clean", "--src", tgt, "--tgt", src, "--src-out", so, "--tgt-out", to)
-    assert str(e.value) == f"clean: error: line counts differ: {tgt} has 2 lines, {src} has 4 lines"
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"{TOK}: error: clean: line counts differ: {tgt} has 2 lines, {src} has 4 lines\n"
 
 
 @pytest.mark.parametrize(
     "argv,message",
     [
         (["clean", "--src", "{d}/nope", "--tgt", "{d}/nope", "--src-out", "a", "--tgt-out", "b"],
-         "clean: error: no such --src file: {d}/nope"),
+         "clean: no such --src file: {d}/nope"),
         (["clean", "--src", "{d}/c.en", "--tgt", "{d}/c.en", "--src-out", "a", "--tgt-out", "b", "--min-len", "0"],
-         "clean: error: need 1 <= --min-len <= --max-len, got --min-len 0 --max-len 250"),
+         "clean: need 1 <= --min-len <= --max-len, got --min-len 0 --max-len 250"),
         (["tokenize", "-l", "en", "-i", "{d}/c.en", "{d}/c.en", "-o", "x"],
-         "tokenize: error: 2 --input files but 1 --output files"),
+         "tokenize: 2 --input files but 1 --output files"),
         (["tokenize", "-l", "en", "-i", "{d}/c.en", "-o", "x", "--workers", "0"],
-         "tokenize: error: --workers must be >= 1, got 0"),
+         "tokenize: --workers must be >= 1, got 0"),
         (["spm-encode", "--model", "{d}/none.model", "-i", "{d}/c.en", "-o", "x"],
-         "spm-encode: error: no such --model file: {d}/none.model"),
+         "spm-encode: no such --model file: {d}/none.model"),
     ],
 )
-def test_bad_arguments_are_one_line_errors(tmp_path, argv, message):
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys, argv, message):
     write_lines(tmp_path / "c.en", [b"a"])
     with pytest.raises(SystemExit) as e:
         run_tok(*[a.format(d=tmp_path) for a in argv])
-    assert str(e.value) == message.format(d=tmp_path)
+    assert e.value.code == 2 and capsys.readouterr().err == f"{TOK}: error: {message.format(d=tmp_path)}\n"
 
 
-def test_sentencepiece_train_and_encode(tmp_path):
+def test_sentencepiece_train_and_encode(tmp_path, capsys):
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)]
     text = write_lines(tmp_path / "t.en", [line.encode() for line in lines])
@@ -636,9 +640,11 @@ def test_sentencepiece_train_and_encode(tmp_path):
     encoded = out.read_text(encoding="utf-8").splitlines()
     assert len(encoded) == len(lines)
     assert ["".join(e.split()).replace("\u2581", " ").strip() for e in encoded] == lines
+    capsys.readouterr()
     with pytest.raises(SystemExit) as e:  # more pieces than the text allows: one line
         run_tok("spm-train", "--input", text, "--model-prefix", tmp_path / "m2", "--vocab-size", 5000)
-    assert str(e.value).startswith("spm-train: error: ") and "\n" not in str(e.value)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"{TOK}: error: spm-train: ") and err.count("\n") == 1
 
 
 @pytest.mark.slow

@@ -122,7 +122,8 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
             order = MODELS if repeat % 2 == 0 else MODELS[::-1]
             for model in order:
                 job = {**base_job, "label": f"{pair}/{model}", "deadline": budget.deadline(),
-                       "train_argv": training_argv(args, flags[pair][model], work_dir)}
+                       "train_argv": training_argv(args, flags[pair][model], work_dir, device=args.device,
+                                                            fp16=args.fp16, num_workers=args.num_workers)}
                 if kind == "train":
                     job.update(warmup=args.warmup, updates=counts.get((pair, kind), args.updates))
                     if repeat == 0 and trained_by[(pair, model)] == model:
@@ -135,7 +136,8 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
                                sentences=counts.get((pair, kind), args.sentences))
                     if convert:
                         # the built-in's options and weights, converted in the worker
-                        job["train_argv"] = training_argv(args, flags[pair]["theirs"], work_dir)
+                        job["train_argv"] = training_argv(args, flags[pair]["theirs"], work_dir, device=args.device,
+                                                          fp16=args.fp16)
                     target = measure_generation
                 began = time.time()
                 result = in_fresh_process(target, job)

@@ -11,7 +11,7 @@ import sys
 from typing import Dict, List
 
 import fairseq_plugins
-from fairseq_plugins.errors import PluginError
+from fairseq_plugins.errors import ConfigError, PluginError
 
 USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
 PAIR_NAMES = ("transformer", "rnnsearch")
@@ -62,19 +62,20 @@ def pair_flags(pair: str, preset: dict, shared_dictionary: bool) -> Dict[str, Li
                        "--decoder-out-embed-dim", preset["maxout"]]}
 
 
-def device_flags(args) -> List[str]:
-    return (["--cpu"] if args.device == "cpu" else []) + (["--fp16"] if args.fp16 else [])
+def device_flags(device: str = "cpu", fp16: bool = False) -> List[str]:
+    return (["--cpu"] if device == "cpu" else []) + (["--fp16"] if fp16 else [])
 
 
-def training_argv(args, model_flags: List[str], save_dir: str,
-                  criterion: str = "label_smoothed_cross_entropy") -> List[str]:
+def training_argv(args, model_flags: List[str], save_dir: str, criterion: str = "label_smoothed_cross_entropy",
+                  device: str = "cpu", fp16: bool = False, num_workers: int = 0) -> List[str]:
+    """fairseq-train's command line (without the program) for ``args.data``, ``args.lang_flags`` and ``args.max_tokens``."""
     return [str(a) for a in [
         args.data, "--user-dir", USER_DIR, "--task", "translation", *args.lang_flags, *model_flags,
         "--dropout", 0.1, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", 7e-4,
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", 20, "--warmup-init-lr", 1e-7,
         "--criterion", criterion, "--label-smoothing", 0.1,
-        "--max-tokens", args.max_tokens, "--seed", 1, "--num-workers", args.num_workers,
-        "--disable-validation", "--no-progress-bar", "--save-dir", save_dir, *device_flags(args)]]
+        "--max-tokens", args.max_tokens, "--seed", 1, "--num-workers", num_workers,
+        "--disable-validation", "--no-progress-bar", "--save-dir", save_dir, *device_flags(device, fp16)]]
 
 
 def generation_argv(args) -> List[str]:
@@ -82,7 +83,7 @@ def generation_argv(args) -> List[str]:
         args.data, "--user-dir", USER_DIR, "--task", "translation", *args.lang_flags, "--gen-subset", "test",
         "--beam", 4, "--batch-size", args.gen_batch, "--max-len-a", MAX_LEN_A, "--max-len-b", MAX_LEN_B,
         "--min-len", args.min_len,
-        "--seed", 1, "--num-workers", 0, *device_flags(args)]]
+        "--seed", 1, "--num-workers", 0, *device_flags(args.device, args.fp16)]]
 
 
 def prepare_data(args, preset: dict, work_dir: str) -> str:
@@ -119,3 +120,23 @@ def _dictionaries(data: str, args, need_test: bool = True) -> List[str]:
 def _same_file(a: str, b: str) -> bool:
     with open(a, "rb") as fa, open(b, "rb") as fb:
         return fa.read() == fb.read()
+
+
+def complete_run_args(args, preset: dict, positive):
+    """What both benchmark commands check alike (ConfigError, one line), and what follows from
+    it: ``args.lang_flags`` and ``args.data_label``."""
+    for name in positive:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.budget_minutes <= 0:
+        raise ConfigError(f"--budget-minutes must be positive, got {args.budget_minutes}")
+    if args.data is not None and not os.path.isdir(args.data):
+        raise ConfigError(f"--data {args.data}: no such directory")
+    if bool(args.source_lang) != bool(args.target_lang):
+        raise ConfigError("--source-lang and --target-lang go together")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise ConfigError(f"--out {args.out}: its directory does not exist")
+    args.lang_flags = ["--source-lang", args.source_lang, "--target-lang", args.target_lang] if args.source_lang else []
+    train, _, test, min_len, max_len = preset["corpus"]
+    args.data_label = (args.data if args.data else
+                       f"synthetic corpus ({train} training pairs, {min_len}-{max_len} tokens, test {test})")

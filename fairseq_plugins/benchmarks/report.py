@@ -123,3 +123,12 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def write_report(report: str, out=None):
+    """Print ``report``; with ``out``, write it there too."""
+    print(report)
+    if out:
+        with open(out, "w") as f:
+            f.write(report)
+        print(f"[benchmark] wrote {out}", file=sys.stderr, flush=True)

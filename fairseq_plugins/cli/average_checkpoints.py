@@ -6,19 +6,16 @@
 
 Checkpoints are read with fairseq's loader (weights-only, see
 ``fairseq_plugins.patches.checkpoint_loading``) and written atomically with fairseq's
-``torch_persistent_save``, so ``fairseq-generate --path avg.pt`` loads the result. The output keeps the newest input's configuration and drops optimizer
-state (an average is evaluated, not resumed). On any error nothing is written.
+``torch_persistent_save``, so ``fairseq-generate --path avg.pt`` loads the result. The output
+keeps the newest input's configuration and drops optimizer state (an average is evaluated, not
+resumed). On any error nothing is written.
 """
-import argparse
-import os
-import sys
-
-from fairseq_plugins.checkpoints import EPOCH_PATTERN, UPDATE_PATTERN, average_states, last_checkpoints, save_state
-from fairseq_plugins.errors import PluginError
+from fairseq_plugins.checkpoints import average_states, checkpoint_paths, save_state
+from fairseq_plugins.cli.common import ArgumentParser, cli_main
 
 
-def build_parser():
-    p = argparse.ArgumentParser(description="Average the parameters of fairseq checkpoints.")
+def get_parser():
+    p = ArgumentParser(prog="fairseq-plugins-average", description="Average the parameters of fairseq checkpoints.")
     p.add_argument("--inputs", nargs="+", required=True,
                    help="checkpoint files, or one directory with --num-epoch-checkpoints/--num-update-checkpoints")
     p.add_argument("--output", required=True, help="where to write the averaged checkpoint")
@@ -31,32 +28,15 @@ def build_parser():
     return p
 
 
-def resolve_inputs(args):
-    count = args.num_epoch_checkpoints or args.num_update_checkpoints
-    if count is None:
-        for path in args.inputs:
-            if not os.path.isfile(path):
-                raise PluginError(f"{path}: no such checkpoint file")
-        return args.inputs
-    if count < 1:
-        raise PluginError(f"asked to average {count} checkpoints: need at least 1")
-    if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
-        raise PluginError(f"{' '.join(args.inputs)}: --num-*-checkpoints needs exactly one checkpoint directory")
-    pattern = EPOCH_PATTERN if args.num_epoch_checkpoints else UPDATE_PATTERN
-    return last_checkpoints(args.inputs[0], count, pattern, args.checkpoint_upper_bound)
-
-
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    try:
-        paths = resolve_inputs(args)
+    def average(args):
+        paths = checkpoint_paths(args.inputs, args.num_epoch_checkpoints, args.num_update_checkpoints,
+                                 args.checkpoint_upper_bound)
         print(f"averaging {len(paths)} checkpoints: {', '.join(paths)}", flush=True)
-        state = average_states(paths)
-        save_state(state, args.output)
-    except PluginError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(f"wrote {args.output}")
+        save_state(average_states(paths), args.output)
+        print(f"wrote {args.output}")
+
+    cli_main(get_parser, average, argv)
 
 
 if __name__ == "__main__":

@@ -5,16 +5,16 @@
 
 What is measured and how: :mod:`fairseq_plugins.benchmarks`.
 """
-import argparse
 import os
-import sys
 
-from fairseq_plugins.benchmarks.harness import log, run
-from fairseq_plugins.benchmarks.presets import PAIR_NAMES, PRESETS
-from fairseq_plugins.errors import PluginError
+from fairseq_plugins.benchmarks.harness import run
+from fairseq_plugins.benchmarks.presets import PAIR_NAMES, PRESETS, complete_run_args
+from fairseq_plugins.benchmarks.report import write_report
+from fairseq_plugins.cli.common import ArgumentParser, cli_main
+from fairseq_plugins.errors import ConfigError
 
-def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def get_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="fairseq-plugins-benchmark",
         description="Training and generation throughput, peak memory and model FLOP/s of the suite's "
                     "vaswani_transformer and rnnsearch against fairseq's transformer and lstm, in one run.")
@@ -56,74 +56,35 @@ def get_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv=None):
-    parser = get_parser()
-    args = parser.parse_args(argv)
+def check_args(args):
+    """The preset's defaults for the flags not given, and one-line errors for impossible ones."""
     preset = PRESETS[args.preset]
     for name, key in (("warmup", "warmup"), ("updates", "updates"), ("sentences", "sentences"),
                       ("gen_batch", "gen_batch"), ("max_tokens", "max_tokens"), ("budget_minutes", "budget")):
         if getattr(args, name) is None:
             setattr(args, name, preset[key])
     args.pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
-
-    def error(message):
-        parser.error(message)
-
     for pair in args.pairs:
         if pair not in PAIR_NAMES:
-            error(f"--pairs: unknown pair {pair!r} (choose from {', '.join(PAIR_NAMES)})")
+            raise ConfigError(f"--pairs: unknown pair {pair!r} (choose from {', '.join(PAIR_NAMES)})")
     if not args.pairs:
-        error("--pairs: no pair given")
-    check_run_args(args, parser, preset,
-                   ("repeats", "warmup", "updates", "sentences", "gen_batch", "max_tokens", "min_len", "threads"))
+        raise ConfigError("--pairs: no pair given")
+    complete_run_args(args, preset,
+                      ("repeats", "warmup", "updates", "sentences", "gen_batch", "max_tokens", "min_len", "threads"))
     if args.num_workers < 0:
-        error(f"--num-workers must be >= 0, got {args.num_workers}")
+        raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
     if args.fp16 and args.device != "cuda":
-        error("--fp16 needs --device cuda (fairseq's fp16 training does not run on CPU); use --bf16 on CPU")
+        raise ConfigError("--fp16 needs --device cuda (fairseq's fp16 training does not run on CPU); use --bf16 on CPU")
     if args.min_len is None:
         args.min_len = 1 if args.data else preset["corpus"][3]
     return args
 
 
-def check_run_args(args, parser: argparse.ArgumentParser, preset: dict, positive):
-    """What this command and fairseq-plugins-benchmark-scale check alike (one-line errors), and
-    what follows from it: ``lang_flags`` and ``data_label``."""
-    for name in positive:
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.budget_minutes <= 0:
-        parser.error(f"--budget-minutes must be positive, got {args.budget_minutes}")
-    if args.data is not None and not os.path.isdir(args.data):
-        parser.error(f"--data {args.data}: no such directory")
-    if bool(args.source_lang) != bool(args.target_lang):
-        parser.error("--source-lang and --target-lang go together")
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        parser.error(f"--out {args.out}: its directory does not exist")
-    args.lang_flags = ["--source-lang", args.source_lang, "--target-lang", args.target_lang] if args.source_lang else []
-    train, _, test, min_len, max_len = preset["corpus"]
-    args.data_label = (args.data if args.data else
-                       f"synthetic corpus ({train} training pairs, {min_len}-{max_len} tokens, test {test})")
-
-
 def main(argv=None):
-    args = parse_args(argv)
     # measurements fork from this process: CUDA must not be initialised here, not even by an
     # availability check (torch's NVML-based check leaves the driver alone)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    report_to_out(args, run, "fairseq-plugins-benchmark")
-
-
-def report_to_out(args, make_report, prog: str):
-    """Print ``make_report(args)`` and write it to ``--out``; a PluginError becomes one line."""
-    try:
-        report = make_report(args)
-    except PluginError as e:
-        sys.exit(f"{prog}: error: {e}")
-    print(report)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(report)
-        log(f"wrote {args.out}")
+    cli_main(get_parser, lambda args: write_report(run(check_args(args)), args.out), argv)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,13 @@
 
 What is measured and how: :mod:`fairseq_plugins.benchmarks.scale`.
 """
-import argparse
-
 from fairseq_plugins.benchmarks import scale
-from fairseq_plugins.benchmarks.presets import PRESETS
-from fairseq_plugins.cli.benchmark import check_run_args, report_to_out
+from fairseq_plugins.benchmarks.presets import PRESETS, complete_run_args
+from fairseq_plugins.benchmarks.report import write_report
+from fairseq_plugins.cli.common import ArgumentParser, cli_main
 
-def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def get_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="fairseq-plugins-benchmark-scale",
         description="fairseq-train target words/s of vaswani_transformer and fairseq's transformer, fp32 and "
                     "bf16, 1 process × N threads and N processes × 1 thread, in one run (CPU).")
@@ -36,22 +35,20 @@ def get_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv=None):
-    parser = get_parser()
-    args = parser.parse_args(argv)
+def check_args(args):
+    """The preset's defaults for the flags not given, and one-line errors for impossible ones."""
     preset = PRESETS[args.preset]
     for name, key in (("warmup", "warmup"), ("updates", "updates"), ("max_tokens", "max_tokens")):
         if getattr(args, name) is None:
             setattr(args, name, preset[key])
     if args.budget_minutes is None:
         args.budget_minutes = scale.BUDGET_MINUTES.get(args.preset, scale.DEFAULT_BUDGET_MINUTES)
-    check_run_args(args, parser, preset, ("processes", "repeats", "warmup", "updates", "max_tokens"))
-    args.device, args.fp16, args.num_workers = "cpu", False, 0  # what training_argv reads
+    complete_run_args(args, preset, ("processes", "repeats", "warmup", "updates", "max_tokens"))
     return args
 
 
 def main(argv=None):
-    report_to_out(parse_args(argv), scale.run, "fairseq-plugins-benchmark-scale")
+    cli_main(get_parser, lambda args: write_report(scale.run(check_args(args)), args.out), argv)
 
 
 if __name__ == "__main__":

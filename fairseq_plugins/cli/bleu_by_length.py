@@ -23,7 +23,7 @@ def get_parser():
 
 
 def main(argv=None):
-    common.run(get_parser(), bleu_by_length.run, argv)
+    common.cli_main(get_parser, bleu_by_length.run, argv)
 
 
 if __name__ == "__main__":

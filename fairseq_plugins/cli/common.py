@@ -1,12 +1,16 @@
-"""What the command-line tools share: one-line argparse errors and the analysis tools' flags.
+"""What every command-line tool shares: :func:`cli_main` and the analysis tools' flags.
 
-Bad input raises :class:`~fairseq_plugins.errors.ConfigError`, which :func:`run` turns into one
-``prog: error: ...`` line and exit code 2.
+A tool is ``get_parser()`` (argparse) and a body ``body(args)`` from the library; :func:`cli_main`
+parses, sets up logging and runs the body. A wrong flag or file -- argparse's own errors and
+every :class:`~fairseq_plugins.errors.PluginError` the body raises -- ends the tool with one
+line, ``prog: error: <message>``, and exit code 2.
 """
 import argparse
-from typing import Optional, Sequence
+import logging
+import sys
+from typing import Callable, Optional, Sequence
 
-from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.errors import PluginError
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -16,12 +20,19 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def run(parser: ArgumentParser, body, argv: Optional[Sequence[str]] = None):
-    """Parse ``argv`` and call ``body(args)``; a :class:`ConfigError` becomes a one-line error."""
+def cli_main(get_parser: Callable[[], ArgumentParser], body, argv: Optional[Sequence[str]] = None):
+    """Parse ``argv`` with ``get_parser()``, then return ``body(args)``; a PluginError is one line, exit 2.
+
+    Log records go to stderr as ``name: message`` at INFO, unless logging is configured already
+    (fairseq's own tools configure it).
+    """
+    parser = get_parser()
     args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     try:
         return body(args)
-    except ConfigError as e:
+    except PluginError as e:
         parser.error(str(e))
 
 

@@ -4,15 +4,12 @@
 
 What the two languages look like: :mod:`fairseq_plugins.data.synthetic_corpus`.
 """
-import argparse
-import os
-import sys
-
-from fairseq_plugins.data.synthetic_corpus import Lexicon, write_split
+from fairseq_plugins.cli.common import ArgumentParser, cli_main
+from fairseq_plugins.data.synthetic_corpus import write_corpus
 
 
-def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def get_parser():
+    p = ArgumentParser(prog="fairseq-plugins-make-corpus", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output directory (created if missing)")
     p.add_argument("--train", type=int, default=10000, help="training sentence pairs")
     p.add_argument("--valid", type=int, default=500, help="validation sentence pairs")
@@ -29,28 +26,12 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    test_max = args.test_max_len if args.test_max_len is not None else args.max_len
-    problems = []
-    if args.min_len < 5:
-        problems.append(f"--min-len {args.min_len} is below 5, the shortest sentence of the grammar")
-    if args.min_len > min(args.max_len, test_max):
-        problems.append(f"--min-len {args.min_len} exceeds the maximum length {min(args.max_len, test_max)}")
-    if args.train <= 0:
-        problems.append(f"--train {args.train}: need at least one training sentence")
-    if args.valid < 0 or args.test < 0:
-        problems.append("--valid/--test must not be negative")
-    if not 0.0 <= args.rare_rate <= 1.0:
-        problems.append(f"--rare-rate {args.rare_rate} is not a probability")
-    if problems:
-        print(f"make_corpus: error: {problems[0]}", file=sys.stderr)
-        sys.exit(2)
-    os.makedirs(args.out, exist_ok=True)
-    lexicon = Lexicon(args.seed)
-    for split, n, max_len in (("train", args.train, args.max_len), ("valid", args.valid, test_max),
-                              ("test", args.test, test_max)):
-        write_split(args.out, split, n, lexicon, args.seed, args.min_len, max_len, args.rare_rate)
-    print(f"wrote {args.train}/{args.valid}/{args.test} sentence pairs to {args.out}")
+    def make(args):
+        write_corpus(args.out, args.train, args.valid, args.test, args.min_len, args.max_len, args.test_max_len,
+                     args.rare_rate, args.seed)
+        print(f"wrote {args.train}/{args.valid}/{args.test} sentence pairs to {args.out}")
+
+    cli_main(get_parser, make, argv)
 
 
 if __name__ == "__main__":

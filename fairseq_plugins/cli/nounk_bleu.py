@@ -26,7 +26,7 @@ def get_parser():
 
 
 def main(argv=None):
-    common.run(get_parser(), nounk_bleu.run, argv)
+    common.cli_main(get_parser, nounk_bleu.run, argv)
 
 
 if __name__ == "__main__":

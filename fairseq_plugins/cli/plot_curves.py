@@ -17,7 +17,7 @@ def get_parser():
 
 
 def main(argv=None):
-    common.run(get_parser(), plot_curves.run, argv)
+    common.cli_main(get_parser, plot_curves.run, argv)
 
 
 if __name__ == "__main__":

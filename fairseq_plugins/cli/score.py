@@ -19,7 +19,7 @@ def get_parser():
 
 
 def main(argv=None):
-    common.run(get_parser(), score.run, argv)
+    common.cli_main(get_parser, score.run, argv)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,15 @@
 
 What each sub-command does, and the line policy they share: :mod:`fairseq_plugins.data.text_preparation`.
 """
-import argparse
 import os
-import sys
 
+from fairseq_plugins.cli.common import ArgumentParser, cli_main
 from fairseq_plugins.data.text_preparation import run_clean, run_moses, run_spm_encode, run_spm_train
+from fairseq_plugins.errors import ConfigError
 
 
 def get_parser():
-    parser = argparse.ArgumentParser(prog="fairseq-plugins-tokenize", description=__doc__.split("\n")[0])
+    parser = ArgumentParser(prog="fairseq-plugins-tokenize", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     def io_args(p, workers=True):
@@ -59,25 +59,25 @@ def get_parser():
     return parser
 
 
-def main(argv=None):
-    args = get_parser().parse_args(argv)
+def run(args):
+    """Check the files and counts every sub-command shares, then run it."""
     if args.command != "spm-train" and "input" in args and len(args.input) != len(args.output):
-        sys.exit(f"{args.command}: error: {len(args.input)} --input files but {len(args.output)} --output files")
+        raise ConfigError(f"{args.command}: {len(args.input)} --input files but {len(args.output)} --output files")
     for name in ("input", "src", "tgt"):
         paths = getattr(args, name, [])
         for path in [paths] if isinstance(paths, str) else paths:
             if path != "-" and not os.path.isfile(path):
-                sys.exit(f"{args.command}: error: no such --{name} file: {path}")
+                raise ConfigError(f"{args.command}: no such --{name} file: {path}")
     if getattr(args, "workers", 1) < 1:
-        sys.exit(f"{args.command}: error: --workers must be >= 1, got {args.workers}")
+        raise ConfigError(f"{args.command}: --workers must be >= 1, got {args.workers}")
     if args.command in ("tokenize", "detokenize"):
         run_moses(args, args.command)
-    elif args.command == "clean":
-        run_clean(args)
-    elif args.command == "spm-train":
-        run_spm_train(args)
     else:
-        run_spm_encode(args)
+        {"clean": run_clean, "spm-train": run_spm_train, "spm-encode": run_spm_encode}[args.command](args)
+
+
+def main(argv=None):
+    cli_main(get_parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ same files: DIR/{train,valid,test}.{src,tgt}, one tokenized sentence per line.
 import os
 import random
 
+from fairseq_plugins.errors import ConfigError
+
 SPLITS = ("train", "valid", "test")
 
 # Syllables of the two languages are disjoint, so the vocabularies are distinct.
@@ -120,3 +122,28 @@ def write_split(out_dir, split, n, lexicon, seed, min_len, max_len, rare_rate):
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.writelines(pair[index] + "\n" for pair in pairs)
         os.replace(path + ".tmp", path)
+
+
+def write_corpus(out, train=10000, valid=500, test=500, min_len=5, max_len=30, test_max_len=None, rare_rate=0.0,
+                 seed=1):
+    """Write ``out``/{train,valid,test}.{src,tgt}; impossible settings raise ConfigError before any file is written.
+
+    ``test_max_len`` bounds valid/test sentences (default ``max_len``), e.g. train up to 50 words
+    and test up to 80 as Bahdanau et al. do. Returns ``out``.
+    """
+    test_max = test_max_len if test_max_len is not None else max_len
+    if min_len < 5:
+        raise ConfigError(f"--min-len {min_len} is below 5, the shortest sentence of the grammar")
+    if min_len > min(max_len, test_max):
+        raise ConfigError(f"--min-len {min_len} exceeds the maximum length {min(max_len, test_max)}")
+    if train <= 0:
+        raise ConfigError(f"--train {train}: need at least one training sentence")
+    if valid < 0 or test < 0:
+        raise ConfigError("--valid/--test must not be negative")
+    if not 0.0 <= rare_rate <= 1.0:
+        raise ConfigError(f"--rare-rate {rare_rate} is not a probability")
+    os.makedirs(out, exist_ok=True)
+    lexicon = Lexicon(seed)
+    for split, n, split_max in (("train", train, max_len), ("valid", valid, test_max), ("test", test, test_max)):
+        write_split(out, split, n, lexicon, seed, min_len, split_max, rare_rate)
+    return out

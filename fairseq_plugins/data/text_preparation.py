@@ -31,6 +31,8 @@ from collections import Counter
 
 import regex
 
+from fairseq_plugins.errors import ConfigError
+
 NON_PRINTING = regex.compile(r"\p{C}")
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -149,9 +151,9 @@ def count_rest(handle):
 
 def run_clean(args):
     if args.min_len < 1 or args.max_len < args.min_len:
-        sys.exit(f"clean: error: need 1 <= --min-len <= --max-len, got --min-len {args.min_len} --max-len {args.max_len}")
+        raise ConfigError(f"clean: need 1 <= --min-len <= --max-len, got --min-len {args.min_len} --max-len {args.max_len}")
     if args.ratio <= 0:
-        sys.exit(f"clean: error: --ratio must be positive, got {args.ratio}")
+        raise ConfigError(f"clean: --ratio must be positive, got {args.ratio}")
     src_counts = Counter(lines=0, crlf=0, invalid_utf8=0)
     tgt_counts = Counter(lines=0, crlf=0, invalid_utf8=0)
     dropped = Counter(length=0, ratio=0, invalid_utf8=0)
@@ -163,7 +165,7 @@ def run_clean(args):
             if raw_src is missing or raw_tgt is missing:
                 n_src = src_counts["lines"] + (raw_src is not missing) + count_rest(fsrc)
                 n_tgt = tgt_counts["lines"] + (raw_tgt is not missing) + count_rest(ftgt)
-                sys.exit(f"clean: error: line counts differ: {args.src} has {n_src} lines, {args.tgt} has {n_tgt} lines")
+                raise ConfigError(f"clean: line counts differ: {args.src} has {n_src} lines, {args.tgt} has {n_tgt} lines")
             src_counts["lines"] += 1
             tgt_counts["lines"] += 1
             src = decode_line(raw_src, src_counts).split()
@@ -208,14 +210,14 @@ def run_spm_train(args):
             minloglevel=1,
         )
     except RuntimeError as error:  # e.g. a vocabulary smaller than the character set
-        sys.exit(f"spm-train: error: {str(error).splitlines()[-1]}")
+        raise ConfigError(f"spm-train: {str(error).splitlines()[-1]}")
 
 
 def run_spm_encode(args):
     import sentencepiece as spm
 
     if not os.path.isfile(args.model):
-        sys.exit(f"spm-encode: error: no such --model file: {args.model}")
+        raise ConfigError(f"spm-encode: no such --model file: {args.model}")
     sp = spm.SentencePieceProcessor(model_file=args.model)
     for path_in, path_out in zip(args.input, args.output):
         counts = Counter(lines=0, crlf=0, invalid_utf8=0)
