@@ -20,6 +20,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II
 
+from fairseq_plugins.errors import ConfigError
+
 
 @dataclass
 class SutskeverHalvingConfig(FairseqDataclass):
@@ -44,13 +46,13 @@ class SutskeverHalvingSchedule(FairseqLRScheduler):
     def __init__(self, cfg: SutskeverHalvingConfig, optimizer):
         super().__init__(cfg, optimizer)
         if len(cfg.lr) > 1:
-            raise ValueError(f"--lr-scheduler sutskever_halving takes one --lr, got {list(cfg.lr)}")
+            raise ConfigError(f"--lr-scheduler sutskever_halving takes one --lr, got {list(cfg.lr)}")
         if cfg.halve_every_epochs <= 0:
-            raise ValueError(f"--halve-every-epochs must be positive, got {cfg.halve_every_epochs}")
+            raise ConfigError(f"--halve-every-epochs must be positive, got {cfg.halve_every_epochs}")
         if cfg.updates_per_epoch < 0:
-            raise ValueError(f"--updates-per-epoch must be >= 0, got {cfg.updates_per_epoch}")
+            raise ConfigError(f"--updates-per-epoch must be >= 0, got {cfg.updates_per_epoch}")
         if cfg.updates_per_epoch == 0 and cfg.halve_after_epochs < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"--halve-after-epochs {cfg.halve_after_epochs} < 1 needs --updates-per-epoch "
                 "(it is otherwise measured from the first epoch)"
             )

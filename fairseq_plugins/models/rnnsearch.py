@@ -23,49 +23,43 @@ from fairseq.models import (
 from fairseq.modules import FairseqDropout
 from torch import Tensor
 
+from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.models.rnn_common import EncoderOut, check_positive, reorder_batch_first
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
 from fairseq_plugins.modules.conditional_gru import ConditionalGRUCell
 from fairseq_plugins.modules.gru import GRU
 from fairseq_plugins.modules.maxout import Maxout
 
-EncoderOut = Dict[str, List[Tensor]]
 Cache = Dict[str, Optional[Tensor]]
 
 
-def reorder_batch_first(encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-    """``reorder_encoder_out`` for encoders whose outputs are all batch-first."""
-    return {k: [t.index_select(0, new_order) for t in v] for k, v in encoder_out.items()}
+class StackedGRUEncoder(FairseqEncoder):
+    """Embedding, then ``num_layers`` of the papers' GRU (one or two directions), dropout between.
 
-
-class BiGRUEncoder(FairseqEncoder):
-    """Bidirectional GRU over ``Ē x_j`` (one embedding shared by both directions).
-
-    ``encoder_out``: annotations ``h_j = [→h_j; ←h_j]`` (bsz, src_len, 2n), the padding
-    mask (bsz, src_len) and ``←h_1`` (bsz, n), the backward state at the first word.
+    Subclasses turn the top layer's outputs and final states into their ``encoder_out``.
     """
 
-    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, max_source_positions):
+    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, max_source_positions,
+                 bidirectional):
         super().__init__(dictionary)
         self.padding_idx = dictionary.pad()
         self.max_source_positions = max_source_positions
         self.embed_tokens = nn.Embedding(len(dictionary), embed_dim, self.padding_idx)
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
+        directions = 2 if bidirectional else 1
         self.layers = nn.ModuleList(
-            GRU(embed_dim if k == 0 else 2 * hidden_size, hidden_size, bidirectional=True)
+            GRU(embed_dim if k == 0 else directions * hidden_size, hidden_size, bidirectional=bidirectional)
             for k in range(num_layers)
         )
-        self.output_units = 2 * hidden_size
+        self.output_units = directions * hidden_size
 
-    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
-        padding_mask = src_tokens.eq(self.padding_idx)  # (bsz, src_len)
+    def run_layers(self, src_tokens: Tensor):
+        """(outputs (bsz, src_len, directions·n), final states (directions, bsz, n), padding mask (bsz, src_len))."""
+        padding_mask = src_tokens.eq(self.padding_idx)
         h = self.dropout_module(self.embed_tokens(src_tokens))  # Ē x_j
         for k, layer in enumerate(self.layers):
             h, h_n = layer(self.dropout_module(h) if k > 0 else h, padding_mask)
-        return {
-            "encoder_out": [h],  # h_j = [→h_j; ←h_j]: (bsz, src_len, 2n)
-            "encoder_padding_mask": [padding_mask],
-            "backward_first": [h_n[1]],  # ←h_1 of the top layer: (bsz, n)
-        }
+        return h, h_n, padding_mask
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
         return reorder_batch_first(encoder_out, new_order)
@@ -73,6 +67,25 @@ class BiGRUEncoder(FairseqEncoder):
     def max_positions(self):
         return self.max_source_positions
 
+
+class BiGRUEncoder(StackedGRUEncoder):
+    """Bidirectional GRU over ``Ē x_j`` (one embedding shared by both directions).
+
+    ``encoder_out``: annotations ``h_j = [→h_j; ←h_j]`` (bsz, src_len, 2n), the padding
+    mask (bsz, src_len) and ``←h_1`` (bsz, n), the backward state at the first word.
+    """
+
+    def __init__(self, dictionary, embed_dim, hidden_size, num_layers, dropout, max_source_positions):
+        super().__init__(dictionary, embed_dim, hidden_size, num_layers, dropout, max_source_positions,
+                         bidirectional=True)
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
+        h, h_n, padding_mask = self.run_layers(src_tokens)
+        return {
+            "encoder_out": [h],  # h_j = [→h_j; ←h_j]: (bsz, src_len, 2n)
+            "encoder_padding_mask": [padding_mask],
+            "backward_first": [h_n[1]],  # ←h_1 of the top layer: (bsz, n)
+        }
 
 
 class AttentionContext(nn.Module):
@@ -242,14 +255,11 @@ def add_gru_model_args(parser):
 
 
 def check_gru_model_args(args) -> None:
-    """One-line build-time errors for sizes the model cannot be built with."""
-    for flag in ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers", "decoder_embed_dim",
-                 "decoder_hidden_size", "maxout_dim", "attention_hidden_size"):
-        value = getattr(args, flag, 1)
-        if value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
+    """One-line build-time errors (ConfigError) for sizes the model cannot be built with."""
+    check_positive(args, ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers", "decoder_embed_dim",
+                          "decoder_hidden_size", "maxout_dim", "attention_hidden_size"))
     if args.decoder_layers != 1:
-        raise ValueError(
+        raise ConfigError(
             f"--decoder-layers must be 1 (the paper's decoder is one conditional GRU), got {args.decoder_layers}"
         )
 
@@ -265,25 +275,32 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
         parser.add_argument('--attention-hidden-size', type=int, metavar='N',
                             help="alignment model hidden size n' (paper: 1000)")
 
+    # What RNNencdec replaces: the encoder, the decoder's context source, the architecture defaults.
+    encoder_class = BiGRUEncoder
+
+    @staticmethod
+    def build_context(args, encoder):
+        return AttentionContext(args.decoder_hidden_size, encoder.output_units, args.attention_hidden_size)
+
+    @staticmethod
+    def base_architecture(args):
+        rnnsearch_base(args)
+
     @classmethod
     def build_model(cls, args, task):
-        rnnsearch_base(args)
+        cls.base_architecture(args)
         check_gru_model_args(args)
-        encoder = BiGRUEncoder(
+        encoder = cls.encoder_class(
             task.source_dictionary, args.encoder_embed_dim, args.encoder_hidden_size,
             args.encoder_layers, args.dropout, args.max_source_positions,
         )
         decoder = ConditionalGRUDecoder(
             task.target_dictionary, args.decoder_embed_dim, args.decoder_hidden_size,
-            context=AttentionContext(args.decoder_hidden_size, encoder.output_units, args.attention_hidden_size),
-            context_size=encoder.output_units, init_size=encoder.output_units // 2,
+            context=cls.build_context(args, encoder), context_size=encoder.output_units,
+            init_size=args.encoder_hidden_size,  # s_0 from ←h_1 (RNNsearch) or c (RNNencdec), both n wide
             maxout_dim=args.maxout_dim, dropout=args.dropout, deep_output_state=args.deep_output_state,
             max_target_positions=args.max_target_positions,
         )
-        return cls.initialised(encoder, decoder, args)
-
-    @classmethod
-    def initialised(cls, encoder, decoder, args):
         model = cls(encoder, decoder)
         if args.init == "paper":
             paper_init_(model)

@@ -3,7 +3,7 @@ fairseq model ``seq2seq_lstm``: two different deep LSTMs, the encoder's final (h
 layer initialise the decoder's, no attention, plain softmax, and the source fed reversed.
 Facts: ../shared/papers/README.md §3. Tensors are batch-first.
 """
-from typing import Dict, List, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -18,7 +18,8 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence
 
-EncoderOut = Dict[str, List[Tensor]]
+from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.models.rnn_common import EncoderOut, check_positive, reorder_batch_first
 
 
 def run_packed(rnn: nn.Module, x: Tensor, padding_mask: Tensor):
@@ -80,7 +81,7 @@ class LSTMEncoder(FairseqEncoder):
         return {"encoder_h": [h_n.transpose(0, 1)], "encoder_c": [c_n.transpose(0, 1)]}
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        return {k: [t.index_select(0, new_order) for t in v] for k, v in encoder_out.items()}
+        return reorder_batch_first(encoder_out, new_order)
 
     def max_positions(self):
         return self.max_source_positions
@@ -165,12 +166,10 @@ class Seq2SeqLSTMModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_model(cls, args, task):
         seq2seq_lstm_base(args)
-        for flag in ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers",
-                     "decoder_embed_dim", "decoder_hidden_size", "decoder_layers"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
+        check_positive(args, ("encoder_embed_dim", "encoder_hidden_size", "encoder_layers",
+                              "decoder_embed_dim", "decoder_hidden_size", "decoder_layers"))
         if (args.encoder_layers, args.encoder_hidden_size) != (args.decoder_layers, args.decoder_hidden_size):
-            raise ValueError(
+            raise ConfigError(
                 "--encoder-layers/--encoder-hidden-size must equal --decoder-layers/--decoder-hidden-size "
                 "(the encoder's final states initialise the decoder's), got "
                 f"{args.encoder_layers}x{args.encoder_hidden_size} vs {args.decoder_layers}x{args.decoder_hidden_size}"
