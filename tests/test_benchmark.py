@@ -39,7 +39,7 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     rows = [line.split("|")[1:-1] for line in report.splitlines() if line.startswith("| ")]
     cells = {(r[0].strip(), r[1].strip()): [c.strip() for c in r[2:]] for r in rows[1:]}
     assert [c.strip() for c in rows[0]] == ["pair", "measurement", "ours", "fairseq built-in",
-                                            "ours / built-in", "target (this CPU)"]
+                                            "ours / built-in", "target (cpu preset, fp32)"]
     for pair in ("transformer", "rnnsearch"):
         for name in MEASUREMENTS:
             (key,) = [k for k in cells if k[0] == pair and k[1].startswith(name)]
@@ -48,7 +48,17 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
             assert re.fullmatch(r"\d+\.\d+×", ratio), (key, ratio)
         assert (pair, "hypotheses identical") in cells
     assert cells[("transformer", "hypotheses identical")][0] == "True (4/4)"
-    assert cells[("transformer", "train target tokens/s")][3].startswith("≥ 1.15×")
+    # each target verdict agrees with the ratio printed beside it (the bounds are the suite's targets)
+    targets = {("transformer", "train target tokens/s"): ("≥", 1.15), ("transformer", "generate sentences/s"): ("≥", 1.3),
+               ("rnnsearch", "train target tokens/s"): ("≥", 1.0), ("rnnsearch", "generate sentences/s"): ("≥", 1.0),
+               ("transformer", "train peak RSS"): ("≤", 1.0), ("transformer", "generate peak RSS"): ("≤", 1.0)}
+    for (pair, name), (sense, bound) in targets.items():
+        (key,) = [k for k in cells if k[0] == pair and k[1].startswith(name)]
+        _, _, ratio, target = cells[key]
+        value = float(ratio.rstrip("×"))
+        met = value >= bound if sense == "≥" else value <= bound
+        marks = "✓✗" if abs(value - bound) < 0.01 else ("✓" if met else "✗")  # the printed ratio is rounded
+        assert target[:-1] == f"{sense} {bound:.2f}× " and target[-1] in marks, (key, ratio, target)
 
 
 def tables(report):

@@ -19,7 +19,9 @@ def test_deterministic_and_seeded(tmp_path):
     c = generate(tmp_path / "c", "--seed", "4")
     assert a == b
     assert a["train.src"] != c["train.src"]
-    assert a["train.src"] != a["test.src"][:20]
+    # every split has its own stream: no split repeats another's first sentences (20 lines each here)
+    assert a["train.src"][:20] != a["test.src"] and a["valid.src"] != a["test.src"]
+    assert len(a["test.src"]) == len(a["valid.src"]) == 20
 
 
 def test_lengths_and_alignment_of_lines(tmp_path):
