@@ -14,9 +14,24 @@ import sacrebleu
 
 from fairseq_plugins.analysis.generate_output import read_generate
 from fairseq_plugins.checkpoints import UPDATE_PATTERN
+from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
+
+
+def small_adam_recipe(lr, max_tokens, label_smoothing=0.0, warmup_updates=None):
+    """fairseq-train flags of the small CPU runs (quickstart, memory soak, paper claims).
+
+    Adam instead of the papers' Adadelta/SGD: with minutes, not days, of training it is the
+    only optimiser with which every model learns enough to compare. ``warmup_updates`` adds the
+    inverse-square-root warm-up (the Transformer's); label smoothing 0 is plain NLL.
+    """
+    flags = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", lr,
+             "--criterion", "label_smoothed_xent", "--label-smoothing", label_smoothing, "--max-tokens", max_tokens]
+    if warmup_updates:
+        flags += ["--lr-scheduler", "inverse_sqrt_warmup", "--warmup-updates", warmup_updates]
+    return [str(f) for f in flags]
 
 
 def say(message):
@@ -43,12 +58,10 @@ def run(cmd, log_path=None, echo=()):
 
 
 def make_corpus(raw, **flags):
+    """The embedded corpus in ``raw`` (``write_corpus``'s keyword arguments), unless it is there."""
     if not os.path.exists(os.path.join(raw, "test.tgt")):
         say(f"generating the embedded corpus in {raw}")
-        cmd = [sys.executable, "-m", "fairseq_plugins.cli.make_corpus", "--out", raw]
-        for key, value in flags.items():
-            cmd += ["--" + key.replace("_", "-"), value]
-        run(cmd)
+        write_corpus(raw, **flags)
     return raw
 
 
@@ -57,10 +70,9 @@ def preprocess(raw, data, trainpref=None, dictionaries_from=None):
     if not os.path.exists(os.path.join(data, "test.src-tgt.tgt.idx")):
         say(f"fairseq-preprocess -> {data}")
         # With --joined-dictionary fairseq takes the one dictionary from --srcdict.
-        dicts = ["--srcdict", f"{dictionaries_from}/dict.src.txt"] if dictionaries_from else []
-        run(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref",
-             trainpref or f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
-             "--destdir", data, "--joined-dictionary", "--workers", 2, *dicts], f"{data}.preprocess.log")
+        srcdict = f"{dictionaries_from}/dict.src.txt" if dictionaries_from else None
+        run(["fairseq-preprocess", *preprocess_args(raw, data, trainpref=trainpref, srcdict=srcdict, workers=2)],
+            f"{data}.preprocess.log")
     return data
 
 

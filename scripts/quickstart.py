@@ -15,12 +15,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Small, CPU-friendly recipes: the papers' optimisers need days, these need minutes. RNNs get
 # a higher learning rate and PyTorch's initialisation for RNNsearch/RNNencdec: the paper's
 # N(0, 0.01^2) learns far slower with Adam (see examples/paper_claims/run.py).
-ADAM = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0"]
-RNN = [*ADAM, "--lr", "5e-3", "--criterion", "label_smoothed_xent", "--label-smoothing", "0", "--max-tokens", "2048"]
+RNN = experiment.small_adam_recipe(lr=5e-3, max_tokens=2048)
 FAMILIES = {
-    "vaswani_transformer_tiny": ["--share-all-embeddings", *ADAM, "--lr", "2e-3", "--lr-scheduler",
-                                 "inverse_sqrt_warmup", "--warmup-updates", "200", "--criterion",
-                                 "label_smoothed_xent", "--label-smoothing", "0.1", "--max-tokens", "4096"],
+    "vaswani_transformer_tiny": ["--share-all-embeddings", *experiment.small_adam_recipe(
+        lr=2e-3, max_tokens=4096, label_smoothing=0.1, warmup_updates=200)],
     "rnnsearch_tiny": [*RNN, "--init", "pytorch"],
     "rnnencdec_tiny": [*RNN, "--init", "pytorch"],
     "seq2seq_lstm_tiny": RNN,

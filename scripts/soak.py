@@ -18,12 +18,11 @@ import time
 
 from fairseq_plugins import experiment
 from fairseq_plugins.analysis.memory import count, last_update, rss_mib, verdict
+from fairseq_plugins.analysis.report import markdown_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-RECIPE = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", "1e-3",
-          "--lr-scheduler", "inverse_sqrt_warmup", "--warmup-updates", "200", "--criterion", "label_smoothed_xent",
-          "--label-smoothing", "0.1", "--max-tokens", "2048"]
+RECIPE = experiment.small_adam_recipe(lr=1e-3, max_tokens=2048, label_smoothing=0.1, warmup_updates=200)
 
 
 def main(argv=None):
@@ -93,7 +92,7 @@ def main(argv=None):
              f"Command: `bash scripts/soak.sh --minutes {args.minutes:g} --arch {args.arch}`", "",
              f"Over the run: {updates} updates, {epochs} epochs ended, {validations} validations, "
              f"{saves} checkpoints saved.", "", verdict_line, "", "![memory](memory.png)", "",
-             "| minute | RSS (MiB) |", "|---:|---:|", *(f"| {t:.1f} | {m:.1f} |" for t, m in samples)]
+             *markdown_table(["minute", "RSS (MiB)"], [(f"{t:.1f}", f"{m:.1f}") for t, m in samples]).splitlines()]
     with open(os.path.join(args.work, "memory.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n" + verdict_line)

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import fairseq_plugins
+from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
 
 USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
 REPO = os.path.dirname(USER_DIR)
@@ -28,18 +29,12 @@ def run(cmd, cwd=None, env=None, check=True):
 
 
 def make_corpus(out, train=300, valid=30, test=30, min_len=5, max_len=12, **flags):
-    cmd = ["fairseq-plugins-make-corpus", "--out", out, "--train", train, "--valid", valid, "--test", test,
-           "--min-len", min_len, "--max-len", max_len]
-    for key, value in flags.items():
-        cmd += ["--" + key.replace("_", "-"), value]
-    run(cmd)
-    return out
+    """The embedded corpus, small: {train,valid,test}.{src,tgt} under ``out``."""
+    return write_corpus(out, train, valid, test, min_len, max_len, **flags)
 
 
 def preprocess(raw, dest, joined=True, extra=()):
-    cmd = ["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
-           "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test", "--destdir", dest, "--workers", "1"]
-    run(cmd + (["--joined-dictionary"] if joined else []) + list(extra))
+    run(["fairseq-preprocess", *preprocess_args(raw, dest, joined=joined), *extra])
     return dest
 
 
@@ -57,3 +52,39 @@ def train(data, save_dir, arch_args, max_update, extra=()):
            "--max-tokens", "1000", "--max-update", max_update, "--save-dir", save_dir, "--cpu", "--seed", "1",
            "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", *arch_args, *extra]
     return run(cmd)
+
+
+def first_non_finite_module(model, net_input, autocast_dtype=None):
+    """The name of the first module whose forward output holds NaN/Inf on ``net_input``.
+
+    Found with plain forward hooks, independently of the suite's NanDetector: a module's hook
+    fires when its forward returns, so children are seen before their parents.
+    """
+    import torch
+
+    names = {module: name for name, module in model.named_modules()}
+    found = []
+
+    def tensors(value):
+        if torch.is_tensor(value):
+            yield value
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from tensors(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                yield from tensors(v)
+
+    def hook(module, inputs, output):
+        if not found and any(t.is_floating_point() and not torch.isfinite(t).all() for t in tensors(output)):
+            found.append(names[module])
+
+    handles = [module.register_forward_hook(hook) for module in model.modules()]
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            model(**net_input)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert found, "no module output holds NaN/Inf"
+    return found[0]

@@ -32,6 +32,7 @@ import fairseq_plugins  # noqa: F401  (registers the suite, installs the patches
 from fairseq_plugins.patches import numerical_faults
 from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
 from fairseq_plugins.errors import NumericalError
+from helpers import first_non_finite_module
 
 # ------------------------------------------------------------------ NanDetector on dict outputs
 
@@ -199,8 +200,10 @@ def test_fp16_persistent_overflow_ends_with_minimum_loss_scale_reached(data_bin,
     assert str(error.value.__cause__) == ("Minimum loss scale reached (0.5). Your loss is probably exploding. Try "
                                           "lowering the learning rate, using gradient clipping or increasing the "
                                           "batch size.")
-    module = {"vaswani_transformer_tiny": "encoder.layers.0.self_attn.in_proj",
-              "rnnsearch_tiny": "encoder.layers.0.W"}[arch]
+    prepared, _ = trainer._prepare_sample(sample)  # as train_step feeds it (fp16 inputs)
+    trainer.model.train()
+    trainer._set_seed()  # the dropout masks of the failed update
+    module = first_non_finite_module(trainer.model, prepared["net_input"])
     message = str(error.value)
     assert message.startswith("update 1: Minimum loss scale reached (0.5). Your loss is probably exploding. Try "
                               "lowering the learning rate, using gradient clipping or increasing the batch size; "

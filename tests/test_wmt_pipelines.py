@@ -365,7 +365,7 @@ def flags(cmd):
     return out
 
 
-# The papers' settings (shared/papers/README.md), typed here, not read from the scripts.
+# The papers' settings (docs/PAPERS.md), typed here, not read from the scripts.
 VASWANI = {
     "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--adam-eps": "1e-9", "--lr-scheduler": "inverse_sqrt_warmup",
     "--warmup-updates": "4000", "--lr": "1", "--criterion": "label_smoothed_xent", "--label-smoothing": "0.1",

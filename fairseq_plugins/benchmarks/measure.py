@@ -36,7 +36,7 @@ def _synchronize(device: str):
 
 def _precision_context(job):
     """bf16 runs the forward under torch.autocast (fp32 weights and optimizer): fairseq's own
-    --bf16 assumes a TPU (see ../shared/notes/fairseq-on-this-machine.md)."""
+    --bf16 assumes a TPU (see docs/FAIRSEQ_NOTES.md)."""
     if job["precision"] == "bf16":
         return torch.autocast(device_type=job["device"], dtype=torch.bfloat16)
     return nullcontext()

@@ -11,6 +11,7 @@ import sys
 from typing import Dict, List
 
 import fairseq_plugins
+from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
 from fairseq_plugins.errors import ConfigError, PluginError
 
 USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
@@ -19,7 +20,7 @@ MODELS = ("ours", "theirs")
 # Sizes per preset. Transformer: layers per side, d_model, d_ff, heads. RNN: embedding E,
 # encoder hidden H per direction, decoder hidden, attention hidden n', maxout l (= lstm's
 # decoder-out-embed-dim, so both end in an l x V softmax). cpu: the anchor of
-# ../shared/notes/fairseq-on-this-machine.md; base/big: the papers' sizes (for GPUs).
+# docs/FAIRSEQ_NOTES.md (speeds of fairseq's built-in models); base/big: the papers' sizes (for GPUs).
 PRESETS = {
     "tiny": dict(layers=1, d_model=32, d_ff=64, heads=2, transformer_archs=("vaswani_transformer", "transformer"),
                  embed=16, enc_hidden=32, dec_hidden=64, att_hidden=64, maxout=32,
@@ -90,15 +91,11 @@ def prepare_data(args, preset: dict, work_dir: str) -> str:
     """The synthetic corpus of the preset, preprocessed with a joined dictionary."""
     train, valid, test, min_len, max_len = preset["corpus"]
     raw, data = os.path.join(work_dir, "raw"), os.path.join(work_dir, "data-bin")
-    for cmd in (
-        [sys.executable, "-m", "fairseq_plugins.cli.make_corpus", "--out", raw, "--train", train, "--valid", valid,
-         "--test", test, "--min-len", min_len, "--max-len", max_len, "--seed", 1],
-        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "src", "--target-lang", "tgt",
-         "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
-         "--destdir", data, "--joined-dictionary", "--workers", 2]):
-        proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode != 0:
-            raise PluginError(f"preparing the corpus failed: {' '.join(map(str, cmd[:3]))}: {proc.stdout[-500:]}")
+    write_corpus(raw, train, valid, test, min_len, max_len, seed=1)
+    cmd = [sys.executable, "-m", "fairseq_cli.preprocess", *preprocess_args(raw, data, workers=2)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise PluginError(f"preparing the corpus failed: fairseq-preprocess: {proc.stdout[-500:]}")
     return data
 
 

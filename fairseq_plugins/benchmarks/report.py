@@ -9,6 +9,7 @@ from typing import List
 import fairseq
 import torch
 
+from fairseq_plugins.analysis.report import markdown_table
 from fairseq_plugins.benchmarks.presets import MAX_LEN_A, MAX_LEN_B, MODELS
 
 # The suite's performance targets, ours / built-in at the cpu preset in fp32: (ratio, "min" or "max").
@@ -89,7 +90,7 @@ def format_report(args, preset, precision, machine, table, counts, seconds) -> s
         f"length {args.min_len} to {MAX_LEN_A}·|x|+{MAX_LEN_B}), {args.repeats} repeats interleaved (medians)",
         f"- matmul ceiling: {ceilings}",
         "",
-        *markdown_table(header, rows),
+        *markdown_table(header, rows).splitlines(),
         "",
         "Per repeat (tokens/s or sentences/s):",
         "",
@@ -97,11 +98,6 @@ def format_report(args, preset, precision, machine, table, counts, seconds) -> s
         "",
     ]
     return "\n".join(report)
-
-
-def markdown_table(header: List[str], rows: List[List[str]]) -> List[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def describe_run(args, seconds: float, hardware: str = "") -> List[str]:

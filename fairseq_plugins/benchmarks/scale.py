@@ -41,7 +41,8 @@ from fairseq_plugins.benchmarks.presets import (
     prepare_data,
     training_argv,
 )
-from fairseq_plugins.benchmarks.report import PAIR_LABELS, describe_run, markdown_table
+from fairseq_plugins.analysis.report import markdown_table
+from fairseq_plugins.benchmarks.report import PAIR_LABELS, describe_run
 from fairseq_plugins.errors import PluginError
 
 SCRIPT = os.path.join(os.path.dirname(USER_DIR), "scripts", "train_cpu_distributed.sh")
@@ -195,9 +196,9 @@ def format_report(args, preset: dict, results, updates: int, seconds: float) -> 
         "- figures: target words/s from fairseq's log (Σ wpb / Σ wpb/wps over the timed updates), medians over "
         "repeats; ratios: medians over repeats of the ratio within a repeat",
         "",
-        *markdown_table(["model", "precision", *layouts, f"{n} processes / 1 process"], speed_rows),
+        *markdown_table(["model", "precision", *layouts, f"{n} processes / 1 process"], speed_rows).splitlines(),
         "",
-        *markdown_table(["ratio", *layouts], ratio_rows),
+        *markdown_table(["ratio", *layouts], ratio_rows).splitlines(),
         "",
         "Per repeat (target words/s):",
         "",

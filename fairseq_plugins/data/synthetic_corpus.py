@@ -147,3 +147,18 @@ def write_corpus(out, train=10000, valid=500, test=500, min_len=5, max_len=30, t
     for split, n, split_max in (("train", train, max_len), ("valid", valid, test_max), ("test", test, test_max)):
         write_split(out, split, n, lexicon, seed, min_len, split_max, rare_rate)
     return out
+
+
+def preprocess_args(raw, dest, joined=True, trainpref=None, srcdict=None, workers=1):
+    """``fairseq-preprocess`` flags (without the program) binarizing ``raw``/{train,valid,test}.{src,tgt}.
+
+    ``joined``: one dictionary for both sides (from ``srcdict`` when given, e.g. another
+    data-bin's ``dict.src.txt``); ``trainpref``: another training prefix (a filtered copy).
+    """
+    flags = ["--source-lang", "src", "--target-lang", "tgt", "--trainpref", trainpref or f"{raw}/train",
+             "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test", "--destdir", dest, "--workers", str(workers)]
+    if joined:
+        flags.append("--joined-dictionary")
+    if srcdict:
+        flags += ["--srcdict", srcdict]
+    return flags

@@ -3,7 +3,7 @@
 The decoder, :class:`ConditionalGRUDecoder` (``s_0 = tanh(W_s ·)``, the conditional GRU, the
 maxout deep output and the softmax), is shared with RNNencdec (:mod:`.rnnencdec`): the two
 differ only in the context source module it is given, here the additive alignment model over
-the annotations (:class:`AttentionContext`). Equations: ../shared/papers/README.md §1.
+the annotations (:class:`AttentionContext`). Equations: docs/PAPERS.md.
 
 The encoder's GRU is the papers' GRU (reset gate before the recurrent matrix,
 :class:`fairseq_plugins.modules.gru.GRU`), not ``torch.nn.GRU``, which puts it

@@ -1,7 +1,7 @@
 """Sequence to sequence learning with deep LSTMs (Sutskever, Vinyals & Le, NIPS 2014) as
 fairseq model ``seq2seq_lstm``: two different deep LSTMs, the encoder's final (h, c) of every
 layer initialise the decoder's, no attention, plain softmax, and the source fed reversed.
-Facts: ../shared/papers/README.md §3. Tensors are batch-first.
+Facts: docs/PAPERS.md. Tensors are batch-first.
 """
 from typing import Optional
 

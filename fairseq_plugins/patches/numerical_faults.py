@@ -56,7 +56,14 @@ class _Diagnosis:
         self.crash_checkpoint = None  # the crash.pt written by this update
 
 
-_current = None  # the _Diagnosis of the update in progress (a trainer runs one update at a time)
+# The _Diagnosis of the update in progress is kept on the trainer's model for the length of
+# the update: fairseq builds its detector as NanDetector(trainer.get_model()), so the model is
+# what the detector and the trainer share.
+DIAGNOSIS = "_numerical_faults_diagnosis"
+
+
+def _diagnosis_of(model):
+    return vars(model).get(DIAGNOSIS)
 
 
 def _tensors(output):
@@ -83,7 +90,7 @@ class NanDetector(nan_detector.NanDetector):
     """fairseq's NanDetector, working on every module output and recording what it finds."""
 
     def __init__(self, model, forward=True, backward=True):
-        self.diagnosis = _current if _current is not None else _Diagnosis(None)
+        self.diagnosis = _diagnosis_of(model) or _Diagnosis(None)
         self.diagnosis.rerun = True
         super().__init__(model, forward=forward, backward=backward)
 
@@ -222,16 +229,20 @@ def _update_report(trainer, samples, error, diagnosis):
 
 def train_step(self, samples, raise_oom=False, _fairseq_train_step=Trainer.train_step):
     """fairseq's ``train_step``; a NaN/Inf ends it with :class:`NumericalError`."""
-    global _current
-    outer, _current = _current, _Diagnosis(self)
+    model = self.get_model()
+    outer = _diagnosis_of(model)  # fairseq's AMP retry calls train_step again from inside train_step
+    diagnosis = vars(model)[DIAGNOSIS] = _Diagnosis(self)
     try:
         return _fairseq_train_step(self, samples, raise_oom)
     except NumericalError:
-        raise  # already reported (fairseq's AMP retry calls train_step again)
+        raise  # already reported
     except FloatingPointError as error:
-        raise NumericalError(_update_report(self, samples, error, _current)) from error
+        raise NumericalError(_update_report(self, samples, error, diagnosis)) from error
     finally:
-        _current = outer
+        if outer is None:
+            del vars(model)[DIAGNOSIS]
+        else:
+            vars(model)[DIAGNOSIS] = outer
 
 
 train_step.reports_numerical_faults = True
@@ -247,8 +258,9 @@ def save_checkpoint(self, filename, extra_state, _fairseq_save=Trainer.save_chec
                 f"update {self.get_num_updates()}: the parameters hold NaN/Inf after its optimizer step "
                 f"({_first_of(bad, total)}); {filename} was not written and {_last_checkpoint(self)}; lower --lr")
     result = _fairseq_save(self, filename, extra_state)  # the path on 0.12.3.1, None on 0.12.2
-    if crash and _current is not None and self.should_save_checkpoint_on_current_rank:
-        _current.crash_checkpoint = filename
+    diagnosis = _diagnosis_of(self.get_model())
+    if crash and diagnosis is not None and self.should_save_checkpoint_on_current_rank:
+        diagnosis.crash_checkpoint = filename
     return result
 
 
