@@ -31,7 +31,7 @@ esac
 find_python() {  # the first candidate that really is Python 3.10 (a pyenv shim may not be)
     local root candidate
     root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
-    for candidate in ${COMPAT_PYTHON:-} $(command -v python3.10) $(ls -d "$root"/versions/3.10.*/bin/python3.10 2>/dev/null | sort -rV); do
+    for candidate in ${COMPAT_PYTHON:-} $(command -v python3.10) $(printf '%s\n' "$root"/versions/3.10.*/bin/python3.10 | sort -rV); do
         if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null; then
             echo "$candidate"; return
         fi
@@ -86,116 +86,17 @@ status=${PIPESTATUS[0]}
 set -e
 
 # ---- 3. what differs between the two fairseq versions ----
-probe=$(mktemp --suffix .py)
-trap 'rm -f "$log" "$probe" "$probe".*.json' EXIT
-cat > "$probe" <<'EOF'
-"""Facts about this env's fairseq and torch, measured, as JSON on stdout."""
-import argparse, importlib.metadata as md, io, json, os, sys, tempfile, warnings
-warnings.filterwarnings("ignore")
-import numpy as np, torch
-from fairseq import checkpoint_utils
-from fairseq.criterions import CRITERION_REGISTRY
-from fairseq.data import data_utils
-from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-from fairseq.optim import OPTIMIZER_REGISTRY
-from fairseq.optim.lr_scheduler import LR_SCHEDULER_REGISTRY
-from fairseq.tasks import TASK_REGISTRY
-
-
-class RunsCode:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def kept_of_30():
-    """Indices kept by batch_by_size for 30 sentences, batches of 16, multiple of 8 (all 30 expected)."""
-    batches = data_utils.batch_by_size(np.arange(30), lambda i: 10, max_sentences=16, required_batch_size_multiple=8)
-    return int(sum(len(b) for b in batches))
-
-
-def hostile_checkpoint(tmp):
-    """What fairseq's own loader does with a checkpoint whose pickle runs code."""
-    marker = os.path.join(tmp, "code-ran")
-    path = os.path.join(tmp, "evil.pt")
-    torch.save({"model": {}, "payload": RunsCode(marker)}, path)
-    try:
-        checkpoint_utils.load_checkpoint_to_cpu(path)
-        outcome = "loaded"
-    except Exception as e:
-        outcome = f"refused ({type(e).__name__})"
-    ran = os.path.exists(marker)
-    if ran:
-        os.remove(marker)
-    return outcome + (", pickle code RAN" if ran else ", code not run")
-
-
-def default_weights_only():
-    buf = io.BytesIO()
-    torch.save({"args": argparse.Namespace(a=1)}, buf)
-    buf.seek(0)
-    try:
-        torch.load(buf)
-        return False
-    except Exception:
-        return True
-
-
-def distribution():
-    for name in ("fairseq", "fairseq-fixed"):
-        try:
-            return f"{name} {md.version(name)}"
-        except md.PackageNotFoundError:
-            pass
-    return "?"
-
-
-with tempfile.TemporaryDirectory() as tmp:
-    facts = {
-        "python": sys.version.split()[0],
-        "fairseq": distribution(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "torch.load default weights_only": default_weights_only(),
-        "torch has add_safe_globals": hasattr(torch.serialization, "add_safe_globals"),
-        "fairseq alone: batch_by_size keeps (of 30)": kept_of_30(),
-        "fairseq alone: hostile checkpoint": hostile_checkpoint(tmp),
-    }
-    registries = {"criterion": CRITERION_REGISTRY, "model": MODEL_REGISTRY, "arch": ARCH_MODEL_REGISTRY,
-                  "lr_scheduler": LR_SCHEDULER_REGISTRY, "optimizer": OPTIMIZER_REGISTRY, "task": TASK_REGISTRY}
-    builtin = {kind: sorted(reg) for kind, reg in registries.items()}
-    import fairseq_plugins  # noqa: F401  (the suite's patches and registrations)
-    facts["with the suite: batch_by_size keeps (of 30)"] = kept_of_30()
-    facts["with the suite: hostile checkpoint"] = hostile_checkpoint(tmp)
-    facts["suite names registered"] = sum(len(set(reg) - set(builtin[k])) for k, reg in registries.items())
-print(json.dumps({"facts": facts, "builtin": builtin}))
-EOF
-"$PYTHON" "$probe" > "$probe.compat.json" 2>/dev/null
+probe=tests/compat/probe.py
+facts=$(mktemp -d)
+trap 'rm -rf "$log" "$facts"' EXIT
+"$PYTHON" "$probe" > "$facts/compat.json" 2>/dev/null
 if [ -x "$MAIN_VENV/bin/python" ]; then
-    "$MAIN_VENV/bin/python" "$probe" > "$probe.main.json" 2>/dev/null
+    "$MAIN_VENV/bin/python" "$probe" > "$facts/main.json" 2>/dev/null
 else
     echo "(no $MAIN_VENV: the comparison column for the usual env is left out)"
-    echo '{"facts": {}, "builtin": {}}' > "$probe.main.json"
+    echo '{"facts": {}, "builtin": {}}' > "$facts/main.json"
 fi
 echo
 echo "== differences: $COMPAT_VENV vs $MAIN_VENV (measured by both pythons)"
-"$PYTHON" - "$probe.compat.json" "$probe.main.json" "$log" <<'EOF'
-import json, re, sys
-compat, main = (json.load(open(p)) for p in sys.argv[1:3])
-rows = [(k, str(v), str(main["facts"].get(k, "-"))) for k, v in compat["facts"].items()]
-w = [max(len(r[i]) for r in rows + [("", "compat env", "usual env")]) for i in range(3)]
-print(f"{'':{w[0]}}  {'compat env':{w[1]}}  usual env")
-for k, a, b in rows:
-    print(f"{k:{w[0]}}  {a:{w[1]}}  {b}{'' if a == b else '   <- differs'}")
-for kind in compat["builtin"]:
-    a, b = set(compat["builtin"][kind]), set(main["builtin"].get(kind, []))
-    if b and a != b:
-        print(f"fairseq built-in {kind}s only in the usual env ({len(b - a)}): {', '.join(sorted(b - a)) or '-'}")
-        print(f"fairseq built-in {kind}s only in the compat env ({len(a - b)}): {', '.join(sorted(a - b)) or '-'}")
-summary = [ln for ln in open(sys.argv[3]).read().splitlines() if re.match(r"=*\s*\d+ (passed|failed|error).* in [\d.]+s", ln)]
-print(f"pytest on {compat['facts']['fairseq']}, Python {compat['facts']['python']}, "
-      f"torch {compat['facts']['torch']}: {summary[-1].strip('= ') if summary else 'no summary line'}")
-EOF
+"$PYTHON" tests/compat/compare.py "$facts/compat.json" "$facts/main.json" "$log"
 exit "$status"

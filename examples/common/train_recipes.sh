@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # The papers' training recipes as fairseq-train flags (examples/wmt14_en_*/train_*.sh).
-# Sourced, never run: the caller sets `set -euo pipefail`, SRC and TGT, then calls one
+# Sourced, never run: the caller sets `set -euo pipefail` (and SRC and TGT, unless fairseq
+# can tell the languages from DATA alone), calls train_setup, then one
 # *_recipe function with its own arguments and "$@" (extra fairseq-train flags, which come
 # last and so override the recipe's: argparse keeps the last value of a repeated flag).
 #
@@ -24,7 +25,11 @@ train_setup() {
     device_flags
     find_user_dir
     if [[ ${DRY_RUN:-0} != 1 ]]; then
-        [[ -f $DATA/dict.$SRC.txt && -f $DATA/dict.$TGT.txt ]] || die "no binarized $SRC-$TGT data in $DATA (run prepare.sh, or set DATA)"
+        if [[ -n ${SRC:-} ]]; then
+            [[ -f $DATA/dict.$SRC.txt && -f $DATA/dict.$TGT.txt ]] || die "no binarized $SRC-$TGT data in $DATA (run prepare.sh, or set DATA)"
+        else
+            [[ -d $DATA ]] || die "no such data directory: $DATA"
+        fi
     fi
 }
 
@@ -37,8 +42,9 @@ run_train() {
     else
         cmd=(fairseq-train)
     fi
-    cmd+=("$DATA" --user-dir "$USER_DIR" --source-lang "$SRC" --target-lang "$TGT"
-        --save-dir "$SAVE_DIR" --log-file "$SAVE_DIR/train.log" --log-format simple --log-interval 100
+    cmd+=("$DATA" --user-dir "$USER_DIR")
+    [[ -z ${SRC:-} ]] || cmd+=(--source-lang "$SRC" --target-lang "$TGT")
+    cmd+=(--save-dir "$SAVE_DIR" --log-file "$SAVE_DIR/train.log" --log-format simple --log-interval 100
         "${DEVICE_FLAGS[@]}")
     ((NUM_GPUS <= 1)) || cmd+=(--distributed-world-size "$NUM_GPUS")
     cmd+=("$@")
@@ -54,14 +60,20 @@ batch_note() {
     if [[ ${DRY_RUN:-0} == 1 ]]; then echo "# $*"; else log "$*"; fi
 }
 
-# transformer_recipe ARCH D_MODEL DROPOUT MAX_UPDATE SAVE_EVERY KEEP [fairseq-train flags...]
+# transformer_recipe ARCH DROPOUT MAX_UPDATE SAVE_EVERY KEEP [fairseq-train flags...]
 # Vaswani et al. (2017) §5: Adam (0.9, 0.98, 1e-9), lr = d_model^-0.5 * min(step^-0.5,
 # step * 4000^-1.5), label smoothing 0.1, ~25000 source and ~25000 target tokens per step.
 # Checkpoints every SAVE_EVERY updates (the paper: every 10 minutes), the last KEEP kept for
 # averaging (5 for base, 20 for big).
+# d_model (the schedule's --model-dim) is the architecture's: 512 for *_base, 1024 for *_big.
 transformer_recipe() {
-    local arch=$1 d_model=$2 dropout=$3 max_update=$4 save_every=$5 keep=$6
-    shift 6
+    local arch=$1 dropout=$2 max_update=$3 save_every=$4 keep=$5 d_model
+    shift 5
+    case $arch in
+        *_base) d_model=512 ;;
+        *_big) d_model=1024 ;;
+        *) die "transformer_recipe: no d_model known for --arch $arch (vaswani_transformer_base or _big)" ;;
+    esac
     MAX_TOKENS=${MAX_TOKENS:-3584}
     require_uint MAX_TOKENS
     local max_tokens=$MAX_TOKENS target=25000 devices update_freq

@@ -12,18 +12,13 @@
 # (--sentence-avg), sentences of up to MAXLEN words (fairseq counts the EOS: MAXLEN + 1 tokens),
 # plain maximum likelihood (no label smoothing). fairseq's batches are already made of
 # sentences of similar length (the paper sorts 1600 pairs every 20 updates). No dropout.
+# The flags are examples/common/train_recipes.sh's rnn_recipe, as for the WMT'14 pipelines.
 set -euo pipefail
+# shellcheck source=../common/train_recipes.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/../common/train_recipes.sh"
 DATA=${1:?usage: $0 DATA_BIN [fairseq-train flags]}
 shift
 MAXLEN=${MAXLEN:-50}
 ARCH=${ARCH:-rnnsearch}
-USER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../fairseq_plugins" && pwd)
-exec fairseq-train "$DATA" --user-dir "$USER_DIR" \
-    --arch "$ARCH" \
-    --optimizer adadelta --lr 1.0 --adadelta-rho 0.95 --adadelta-eps 1e-6 \
-    --batch-size 80 --clip-norm 1 --sentence-avg \
-    --criterion cross_entropy \
-    --max-source-positions $((MAXLEN + 1)) --max-target-positions $((MAXLEN + 1)) \
-    --skip-invalid-size-inputs-valid-test \
-    --save-dir "checkpoints/$ARCH-$MAXLEN" \
-    "$@"
+train_setup "$ARCH-$MAXLEN" "$DATA"
+rnn_recipe "$ARCH" "$MAXLEN" "$@"

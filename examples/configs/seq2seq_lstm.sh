@@ -11,16 +11,11 @@
 # --max-update 7.5 x (updates per epoch, logged at the end of epoch 1).
 # Vocabulary: 160k source / 80k target words (--nwordssrc 160000 --nwordstgt 80000 at
 # preprocessing, separate dictionaries).
+# The flags are examples/common/train_recipes.sh's seq2seq_recipe, as for the WMT'14 pipelines.
 set -euo pipefail
+# shellcheck source=../common/train_recipes.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/../common/train_recipes.sh"
 DATA=${1:?usage: $0 DATA_BIN [fairseq-train flags]}
 shift
-USER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../fairseq_plugins" && pwd)
-exec fairseq-train "$DATA" --user-dir "$USER_DIR" \
-    --arch seq2seq_lstm \
-    --optimizer sgd --lr 0.7 --momentum 0.0 \
-    --lr-scheduler sutskever_halving --halve-after-epochs 5 --halve-every-epochs 0.5 \
-    --max-epoch 8 \
-    --batch-size 128 --clip-norm 5 --sentence-avg \
-    --criterion cross_entropy \
-    --save-dir checkpoints/seq2seq_lstm \
-    "$@"
+train_setup seq2seq_lstm "$DATA"
+seq2seq_recipe "$@"

@@ -9,9 +9,11 @@
 # Paper: Adam (beta1 0.9, beta2 0.98, eps 1e-9); lr = d_model^-0.5 * min(step^-0.5,
 # step * 4000^-1.5) (--lr-scheduler inverse_sqrt_warmup --model-dim D --lr 1: --lr is the
 # scale of the formula when --model-dim is given); label smoothing 0.1; batches of ~25k source
-# + ~25k target tokens: --max-tokens x GPUs x --update-freq ~ 25000 (8 GPUs x 3125 here;
-# on N GPUs keep the product, e.g. 1 GPU: --update-freq 8); 100k updates (base) or 300k (big),
-# a checkpoint every ~10 minutes, the last 5 (base) / 20 (big) averaged.
+# + ~25k target tokens: --max-tokens (MAX_TOKENS, default 3584) x GPUs x --update-freq ~ 25000,
+# --update-freq computed for the GPUs found; 100k updates (base) or 300k (big), a checkpoint
+# every ~10 minutes, the last 5 (base) / 20 (big) averaged. The flags are
+# examples/common/train_recipes.sh's transformer_recipe, as for the WMT'14 pipelines
+# (environment variables: see there; DRY_RUN=1 prints the command).
 #
 # Then, averaging and decoding as in the paper (beam 4, Wu et al.'s length penalty 0.6,
 # output at most source length + 50):
@@ -22,21 +24,15 @@
 #       --remove-bpe --batch-size 128
 # (fairseq's own --lenpen divides by |Y|^alpha, not by ((5 + |Y|) / 6)^alpha: keep it at 1.)
 set -euo pipefail
+# shellcheck source=../common/train_recipes.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/../common/train_recipes.sh"
 DATA=${1:?usage: $0 DATA_BIN [fairseq-train flags]}
 shift
 SIZE=${SIZE:-base}
 case "$SIZE" in
-    base) D_MODEL=512; MAX_UPDATE=100000 ;;
-    big) D_MODEL=1024; MAX_UPDATE=300000 ;;
-    *) echo "$0: SIZE must be base or big, not '$SIZE'" >&2; exit 2 ;;
+    base) DROPOUT=0.1 MAX_UPDATE=100000 SAVE_EVERY=1500 KEEP=5 ;;
+    big) DROPOUT=0.3 MAX_UPDATE=300000 SAVE_EVERY=600 KEEP=20 ;;
+    *) die "SIZE must be base or big, not '$SIZE'" ;;
 esac
-USER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../fairseq_plugins" && pwd)
-exec fairseq-train "$DATA" --user-dir "$USER_DIR" \
-    --arch "vaswani_transformer_$SIZE" --share-all-embeddings \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 \
-    --lr-scheduler inverse_sqrt_warmup --model-dim "$D_MODEL" --warmup-updates 4000 --lr 1 \
-    --criterion label_smoothed_xent --label-smoothing 0.1 \
-    --max-tokens 3125 --update-freq 1 \
-    --max-update "$MAX_UPDATE" --save-interval-updates 1500 --keep-interval-updates 20 --no-epoch-checkpoints \
-    --save-dir "checkpoints/transformer-$SIZE" \
-    "$@"
+train_setup "transformer-$SIZE" "$DATA"
+transformer_recipe "vaswani_transformer_$SIZE" "$DROPOUT" "$MAX_UPDATE" "$SAVE_EVERY" "$KEEP" "$@"

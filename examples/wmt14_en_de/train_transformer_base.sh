@@ -12,4 +12,4 @@ source "$HERE/../common/train_recipes.sh"
 SRC=en
 TGT=de
 train_setup wmt14_en_de_transformer_base "$PWD/wmt14_en_de/data-bin/bpe"
-transformer_recipe vaswani_transformer_base 512 0.1 100000 1500 5 "$@"
+transformer_recipe vaswani_transformer_base 0.1 100000 1500 5 "$@"

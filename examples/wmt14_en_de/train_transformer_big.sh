@@ -12,4 +12,4 @@ source "$HERE/../common/train_recipes.sh"
 SRC=en
 TGT=de
 train_setup wmt14_en_de_transformer_big "$PWD/wmt14_en_de/data-bin/bpe"
-transformer_recipe vaswani_transformer_big 1024 0.3 300000 600 20 "$@"
+transformer_recipe vaswani_transformer_big 0.3 300000 600 20 "$@"

@@ -12,4 +12,4 @@ source "$HERE/../common/train_recipes.sh"
 SRC=en
 TGT=fr
 train_setup wmt14_en_fr_transformer_big "$PWD/wmt14_en_fr/data-bin/bpe"
-transformer_recipe vaswani_transformer_big 1024 0.1 300000 600 20 "$@"
+transformer_recipe vaswani_transformer_big 0.1 300000 600 20 "$@"

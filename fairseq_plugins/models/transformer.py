@@ -72,26 +72,32 @@ def run_layer(layer: nn.Module, args: tuple, checkpoint: bool, offload: bool):
         return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
 
 
+def init_layer_stack(stack: nn.Module, args, side: str, embed_tokens: nn.Embedding, make_layer) -> None:
+    """What the encoder and the decoder (``side``) share: √d_model-scaled embeddings plus
+    positions, ``--{side}-layers`` layers from ``make_layer(d_model)``, and the final LayerNorm
+    of pre-LN stacks."""
+    d_model = embed_tokens.embedding_dim
+    positions = "source" if side == "encoder" else "target"
+    stack.padding_idx = stack.dictionary.pad()
+    stack.dropout = args.dropout
+    stack.embed_tokens = embed_tokens
+    stack.embed_scale = math.sqrt(d_model)  # √d_model
+    stack.embed_positions = build_positional_encoding(
+        getattr(args, f"max_{positions}_positions"), d_model, stack.padding_idx, getattr(args, f"{side}_learned_pos"),
+        args.fairseq_positions, f"--max-{positions}-positions")
+    stack.layers = nn.ModuleList(make_layer(d_model) for _ in range(getattr(args, f"{side}_layers")))
+    stack.layer_norm = nn.LayerNorm(d_model) if getattr(args, f"{side}_normalize_before") else None
+    stack.checkpoint_activations, stack.offload_activations = args.checkpoint_activations, args.offload_activations
+
+
 class VaswaniTransformerEncoder(FairseqEncoder):
     """N × (self-attention, FFN) over √d_model·E x + PE (§3.1, §3.4, §3.5)."""
 
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
         super().__init__(dictionary)
-        d_model = embed_tokens.embedding_dim
-        self.padding_idx = dictionary.pad()
-        self.dropout = args.dropout
-        self.embed_tokens = embed_tokens
-        self.embed_scale = math.sqrt(d_model)  # √d_model
-        self.embed_positions = build_positional_encoding(
-            args.max_source_positions, d_model, self.padding_idx, args.encoder_learned_pos,
-            args.fairseq_positions, "--max-source-positions")
-        self.layers = nn.ModuleList(
-            TransformerEncoderLayer(d_model, args.encoder_ffn_embed_dim, args.encoder_attention_heads,
-                                    args.dropout, args.attention_dropout, args.activation_dropout,
-                                    args.encoder_normalize_before)
-            for _ in range(args.encoder_layers))
-        self.layer_norm = nn.LayerNorm(d_model) if args.encoder_normalize_before else None
-        self.checkpoint_activations, self.offload_activations = args.checkpoint_activations, args.offload_activations
+        init_layer_stack(self, args, "encoder", embed_tokens, lambda d_model: TransformerEncoderLayer(
+            d_model, args.encoder_ffn_embed_dim, args.encoder_attention_heads, args.dropout, args.attention_dropout,
+            args.activation_dropout, args.encoder_normalize_before))
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, **unused) -> EncoderOut:
         """src_tokens: [B, S], left-padded."""
@@ -124,20 +130,9 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding, encoder_dim: int):
         super().__init__(dictionary)
         d_model = embed_tokens.embedding_dim
-        self.padding_idx = dictionary.pad()
-        self.dropout = args.dropout
-        self.embed_tokens = embed_tokens
-        self.embed_scale = math.sqrt(d_model)  # √d_model
-        self.embed_positions = build_positional_encoding(
-            args.max_target_positions, d_model, self.padding_idx, args.decoder_learned_pos,
-            args.fairseq_positions, "--max-target-positions")
-        self.layers = nn.ModuleList(
-            TransformerDecoderLayer(d_model, args.decoder_ffn_embed_dim, args.decoder_attention_heads,
-                                    args.dropout, args.attention_dropout, args.activation_dropout,
-                                    args.decoder_normalize_before, encoder_dim)
-            for _ in range(args.decoder_layers))
-        self.layer_norm = nn.LayerNorm(d_model) if args.decoder_normalize_before else None
-        self.checkpoint_activations, self.offload_activations = args.checkpoint_activations, args.offload_activations
+        init_layer_stack(self, args, "decoder", embed_tokens, lambda d_model: TransformerDecoderLayer(
+            d_model, args.decoder_ffn_embed_dim, args.decoder_attention_heads, args.dropout, args.attention_dropout,
+            args.activation_dropout, args.decoder_normalize_before, encoder_dim))
         self.alignment_layer = args.alignment_layer % args.decoder_layers
         self.need_attn = True  # fairseq-generate sets it to --print-alignment
         self.output_projection = nn.Linear(d_model, len(dictionary), bias=False)
