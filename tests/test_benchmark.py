@@ -49,7 +49,8 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
         assert (pair, "hypotheses identical") in cells
     assert cells[("transformer", "hypotheses identical")][0] == "True (4/4)"
     # each target verdict agrees with the ratio printed beside it (the bounds are the suite's targets)
-    targets = {("transformer", "train target tokens/s"): ("≥", 1.15), ("transformer", "generate sentences/s"): ("≥", 1.3),
+    targets = {("transformer", "train target tokens/s"): ("≥", 1.15),
+               ("transformer", "generate sentences/s"): ("≥", 1.3),
                ("rnnsearch", "train target tokens/s"): ("≥", 1.0), ("rnnsearch", "generate sentences/s"): ("≥", 1.0),
                ("transformer", "train peak RSS"): ("≤", 1.0), ("transformer", "generate peak RSS"): ("≤", 1.0)}
     for (pair, name), (sense, bound) in targets.items():

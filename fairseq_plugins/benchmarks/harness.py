@@ -34,6 +34,7 @@ from fairseq_plugins.benchmarks.presets import (
 from fairseq_plugins.benchmarks.report import format_report
 from fairseq_plugins.errors import PluginError
 
+
 def log(message: str):
     print(f"[benchmark] {message}", file=sys.stderr, flush=True)
 
@@ -123,7 +124,7 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
             for model in order:
                 job = {**base_job, "label": f"{pair}/{model}", "deadline": budget.deadline(),
                        "train_argv": training_argv(args, flags[pair][model], work_dir, device=args.device,
-                                                            fp16=args.fp16, num_workers=args.num_workers)}
+                                                   fp16=args.fp16, num_workers=args.num_workers)}
                 if kind == "train":
                     job.update(warmup=args.warmup, updates=counts.get((pair, kind), args.updates))
                     if repeat == 0 and trained_by[(pair, model)] == model:

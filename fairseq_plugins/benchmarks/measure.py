@@ -29,6 +29,7 @@ from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS
 from fairseq_plugins.errors import PluginError
 from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
 
+
 def _synchronize(device: str):
     if device == "cuda":
         torch.cuda.synchronize()

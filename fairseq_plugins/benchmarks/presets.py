@@ -69,7 +69,7 @@ def device_flags(device: str = "cpu", fp16: bool = False) -> List[str]:
 
 def training_argv(args, model_flags: List[str], save_dir: str, criterion: str = "label_smoothed_cross_entropy",
                   device: str = "cpu", fp16: bool = False, num_workers: int = 0) -> List[str]:
-    """fairseq-train's command line (without the program) for ``args.data``, ``args.lang_flags`` and ``args.max_tokens``."""
+    """fairseq-train's flags (without the program) for ``args.data``, ``args.lang_flags``, ``args.max_tokens``."""
     return [str(a) for a in [
         args.data, "--user-dir", USER_DIR, "--task", "translation", *args.lang_flags, *model_flags,
         "--dropout", 0.1, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", 7e-4,

@@ -10,18 +10,17 @@ import os
 from fairseq_plugins.benchmarks.harness import run
 from fairseq_plugins.benchmarks.presets import PAIR_NAMES, PRESETS, complete_run_args
 from fairseq_plugins.benchmarks.report import write_report
-from fairseq_plugins.cli.common import ArgumentParser, cli_main
+from fairseq_plugins.cli.common import ArgumentParser, add_data_args, cli_main
 from fairseq_plugins.errors import ConfigError
+
 
 def get_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="fairseq-plugins-benchmark",
         description="Training and generation throughput, peak memory and model FLOP/s of the suite's "
                     "vaswani_transformer and rnnsearch against fairseq's transformer and lstm, in one run.")
-    parser.add_argument("--data", help="fairseq-preprocess output with a test split (default: the synthetic "
-                                       "corpus of the preset, made in a temporary directory)")
-    parser.add_argument("--source-lang", help="source language of --data (default: inferred)")
-    parser.add_argument("--target-lang", help="target language of --data (default: inferred)")
+    add_data_args(parser, "fairseq-preprocess output with a test split (default: the synthetic corpus of the "
+                          "preset, made in a temporary directory)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
                         help="model sizes and default lengths: tiny (tests), cpu (3+3 layers, d=256; "
                              "rnn 256/512), base and big (the papers' sizes, for GPUs)")

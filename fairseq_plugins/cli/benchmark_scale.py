@@ -8,17 +8,16 @@ What is measured and how: :mod:`fairseq_plugins.benchmarks.scale`.
 from fairseq_plugins.benchmarks import scale
 from fairseq_plugins.benchmarks.presets import PRESETS, complete_run_args
 from fairseq_plugins.benchmarks.report import write_report
-from fairseq_plugins.cli.common import ArgumentParser, cli_main
+from fairseq_plugins.cli.common import ArgumentParser, add_data_args, cli_main
+
 
 def get_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="fairseq-plugins-benchmark-scale",
         description="fairseq-train target words/s of vaswani_transformer and fairseq's transformer, fp32 and "
                     "bf16, 1 process × N threads and N processes × 1 thread, in one run (CPU).")
-    parser.add_argument("--data", help="fairseq-preprocess output (default: the synthetic corpus of the preset, "
-                                       "made in a temporary directory)")
-    parser.add_argument("--source-lang", help="source language of --data (default: inferred)")
-    parser.add_argument("--target-lang", help="target language of --data (default: inferred)")
+    add_data_args(parser, "fairseq-preprocess output (default: the synthetic corpus of the preset, made in a "
+                          "temporary directory)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
                         help="model size, batch and updates of fairseq-plugins-benchmark: tiny (tests) or cpu "
                              "(3+3 layers, d=256, --max-tokens 4096)")

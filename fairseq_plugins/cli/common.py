@@ -36,6 +36,13 @@ def cli_main(get_parser: Callable[[], ArgumentParser], body, argv: Optional[Sequ
         parser.error(str(e))
 
 
+def add_data_args(parser: argparse.ArgumentParser, data_help: str):
+    """--data (fairseq-preprocess output) and the languages to read from it (the benchmarks)."""
+    parser.add_argument("--data", help=data_help)
+    parser.add_argument("--source-lang", help="source language of --data (default: inferred)")
+    parser.add_argument("--target-lang", help="target language of --data (default: inferred)")
+
+
 def add_system_args(parser: argparse.ArgumentParser, src_help: Optional[str]):
     """--gen/--hyp/--ref, and --src (with ``src_help``) for commands that read sources."""
     group = parser.add_argument_group("input: fairseq-generate output, or plain text files")

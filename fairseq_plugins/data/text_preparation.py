@@ -151,7 +151,8 @@ def count_rest(handle):
 
 def run_clean(args):
     if args.min_len < 1 or args.max_len < args.min_len:
-        raise ConfigError(f"clean: need 1 <= --min-len <= --max-len, got --min-len {args.min_len} --max-len {args.max_len}")
+        raise ConfigError(
+            f"clean: need 1 <= --min-len <= --max-len, got --min-len {args.min_len} --max-len {args.max_len}")
     if args.ratio <= 0:
         raise ConfigError(f"clean: --ratio must be positive, got {args.ratio}")
     src_counts = Counter(lines=0, crlf=0, invalid_utf8=0)
@@ -165,7 +166,8 @@ def run_clean(args):
             if raw_src is missing or raw_tgt is missing:
                 n_src = src_counts["lines"] + (raw_src is not missing) + count_rest(fsrc)
                 n_tgt = tgt_counts["lines"] + (raw_tgt is not missing) + count_rest(ftgt)
-                raise ConfigError(f"clean: line counts differ: {args.src} has {n_src} lines, {args.tgt} has {n_tgt} lines")
+                raise ConfigError(
+                    f"clean: line counts differ: {args.src} has {n_src} lines, {args.tgt} has {n_tgt} lines")
             src_counts["lines"] += 1
             tgt_counts["lines"] += 1
             src = decode_line(raw_src, src_counts).split()

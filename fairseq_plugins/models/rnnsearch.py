@@ -113,7 +113,6 @@ class AttentionContext(nn.Module):
         return c, cell.project_context(c), alpha
 
 
-
 class ConditionalGRUDecoder(FairseqIncrementalDecoder):
     """The decoder of both RNNsearch and RNNencdec (appendix A.2.2)::
 

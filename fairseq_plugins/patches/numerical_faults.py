@@ -270,4 +270,3 @@ def install():
     fairseq_trainer.NanDetector = NanDetector
     Trainer.train_step = train_step
     Trainer.save_checkpoint = save_checkpoint
-

@@ -2,7 +2,10 @@
 
     python compare.py COMPAT.json MAIN.json PYTEST_LOG
 """
-import json, re, sys
+import json
+import re
+import sys
+
 compat, main = (json.load(open(p)) for p in sys.argv[1:3])
 rows = [(k, str(v), str(main["facts"].get(k, "-"))) for k, v in compat["facts"].items()]
 w = [max(len(r[i]) for r in rows + [("", "compat env", "usual env")]) for i in range(3)]

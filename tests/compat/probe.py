@@ -1,7 +1,15 @@
 """Facts about this environment's fairseq and torch, measured, as JSON on stdout (scripts/test_compat.sh)."""
-import argparse, importlib.metadata as md, io, json, os, sys, tempfile, warnings
-warnings.filterwarnings("ignore")
-import numpy as np, torch
+import argparse
+import importlib.metadata as md
+import io
+import json
+import os
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+import torch
 from fairseq import checkpoint_utils
 from fairseq.criterions import CRITERION_REGISTRY
 from fairseq.data import data_utils
@@ -9,6 +17,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 from fairseq.optim import OPTIMIZER_REGISTRY
 from fairseq.optim.lr_scheduler import LR_SCHEDULER_REGISTRY
 from fairseq.tasks import TASK_REGISTRY
+
+warnings.filterwarnings("ignore")
 
 
 class RunsCode:
