@@ -322,7 +322,8 @@ def test_averaging_onto_full_disk_fails_cleanly(tmp_path, short_run):
     os.symlink("/dev/full", output + ".tmp")
     out = run_failing(["fairseq-plugins-average", "--inputs", os.path.join(short_run, "checkpoint_last.pt"),
                        os.path.join(short_run, "checkpoint_1_3.pt"), "--output", output])
-    assert last_line(out).startswith(f"error: {output}: checkpoint not saved: No space left on device (ENOSPC);")
+    assert last_line(out).startswith(
+        f"fairseq-plugins-average: error: {output}: checkpoint not saved: No space left on device (ENOSPC);")
     assert sha256(output) == before and sorted(os.listdir(tmp_path)) == ["avg.pt"]
 
 
@@ -375,6 +376,7 @@ def assert_refused(output, path, reason, prefix="error: "):
 
 
 CONVERTER_PREFIX = "fairseq-plugins-convert-transformer: error: "
+AVERAGE_PREFIX = "fairseq-plugins-average: error: "  # the suite's tools name themselves (fairseq's print "error: ")
 
 
 @pytest.mark.slow
@@ -386,7 +388,7 @@ def test_generate_average_convert_refuse_bad_checkpoints_without_running_code(ki
                        "--max-tokens", "1000", "--cpu"])
     assert_refused(out, path, REFUSALS[kind])
     out = run_failing(["fairseq-plugins-average", "--inputs", bad_checkpoints["good"], path, "--output", output])
-    assert_refused(out, path, REFUSALS[kind])
+    assert_refused(out, path, REFUSALS[kind], prefix=AVERAGE_PREFIX)
     out = run_failing(["fairseq-plugins-convert-transformer", path, output])
     assert_refused(out, path, REFUSALS[kind], prefix=CONVERTER_PREFIX)
     assert not os.path.exists(output)
@@ -397,7 +399,7 @@ def test_generate_average_convert_refuse_bad_checkpoints_without_running_code(ki
 def test_average_and_convert_refuse_checkpoints_of_another_architecture(bad_checkpoints, tmp_path):
     output, other = str(tmp_path / "out.pt"), bad_checkpoints["other_arch"]
     out = run_failing(["fairseq-plugins-average", "--inputs", bad_checkpoints["good"], other, "--output", output])
-    assert_refused(out, other, r"parameters differ from .*: different architectures")
+    assert_refused(out, other, r"parameters differ from .*: different architectures", prefix=AVERAGE_PREFIX)
     out = run_failing(["fairseq-plugins-convert-transformer", other, output])
     assert_refused(out, other, r".*\blstm\b", prefix=CONVERTER_PREFIX)
     assert not os.path.exists(output)
@@ -455,7 +457,8 @@ def test_mismatched_line_counts_are_an_error_never_a_shifted_alignment(tmp_path,
     out = run_failing(["fairseq-plugins-tokenize", "clean", "--src", f"{raw}/train.src", "--tgt", f"{raw}/train.tgt",
                        "--src-out", str(tmp_path / "c.src"), "--tgt-out", str(tmp_path / "c.tgt"),
                        "--min-len", "1", "--max-len", "100"])
-    assert last_line(out) == (f"clean: error: line counts differ: {raw}/train.src has {len(src)} lines, "
+    assert last_line(out) == (f"fairseq-plugins-tokenize: error: clean: line counts differ: {raw}/train.src has "
+                              f"{len(src)} lines, "
                               f"{raw}/train.tgt has {len(src) - 1} lines")
     assert not os.path.exists(tmp_path / "c.src") and not os.path.exists(tmp_path / "c.tgt")
 
