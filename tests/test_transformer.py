@@ -398,7 +398,7 @@ def test_training_mode_skips_attention_weights_and_applies_dropout():
     model = build(share_all_embeddings=True)
     model.train()
     for layer in model.decoder.layers:
-        layer.dropout = 0.5
+        layer.dropout_module.p = 0.5
     src, prev = tokens(JOINED, [5, 4]), prev_output(JOINED, [4, 4])
     out1, extra = model(src, None, prev)
     out2, _ = model(src, None, prev)

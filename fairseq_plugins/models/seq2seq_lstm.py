@@ -76,6 +76,7 @@ class LSTMEncoder(FairseqEncoder):
             src_tokens = reverse_source_tokens(src_tokens, self.padding_idx, self.eos_idx)
         padding_mask = src_tokens.eq(self.padding_idx)
         x = self.dropout_module(self.embed_tokens(src_tokens))  # (bsz, src_len, d)
+        self.rnn.training = self.training or self.dropout_module.apply_during_inference  # see LSTMDecoder
         h_n, c_n = run_packed(self.rnn, x, padding_mask)  # (layers, bsz, H) each
         # batch-first so that reordering is one index_select(0) for every entry
         return {"encoder_h": [h_n.transpose(0, 1)], "encoder_c": [c_n.transpose(0, 1)]}
@@ -113,6 +114,8 @@ class LSTMDecoder(FairseqIncrementalDecoder):
         x = self.dropout_module(self.embed_tokens(prev_output_tokens))  # (bsz, tgt_len, d)
         h0 = state["h"].transpose(0, 1).contiguous()  # (layers, bsz, H)
         c0 = state["c"].transpose(0, 1).contiguous()
+        # nn.LSTM drops out between layers in training mode only: --retain-dropout keeps it on too
+        self.rnn.training = self.training or self.dropout_module.apply_during_inference
         x, (h_n, c_n) = self.rnn(x, (h0, c0))
         if incremental_state is not None:
             self.set_incremental_state(

@@ -26,7 +26,6 @@ from contextlib import nullcontext
 from typing import Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from fairseq.models import (
     FairseqEncoder,
@@ -35,6 +34,7 @@ from fairseq.models import (
     register_model,
     register_model_architecture,
 )
+from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
 from fairseq_plugins.errors import ConfigError
@@ -79,7 +79,8 @@ def init_layer_stack(stack: nn.Module, args, side: str, embed_tokens: nn.Embeddi
     d_model = embed_tokens.embedding_dim
     positions = "source" if side == "encoder" else "target"
     stack.padding_idx = stack.dictionary.pad()
-    stack.dropout = args.dropout
+    # fairseq's module, so that --retain-dropout(-modules) can keep it on in generation
+    stack.dropout_module = FairseqDropout(args.dropout, module_name=stack.__class__.__name__)
     stack.embed_tokens = embed_tokens
     stack.embed_scale = math.sqrt(d_model)  # √d_model
     stack.embed_positions = build_positional_encoding(
@@ -105,7 +106,7 @@ class VaswaniTransformerEncoder(FairseqEncoder):
         has_pads = bool(padding_mask.any())
         attn_mask = ~padding_mask[:, None, None, :] if has_pads else None  # [B, 1, 1, S]
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # √d·E x + PE
-        x = F.dropout(x, p=self.dropout, training=self.training)
+        x = self.dropout_module(x)
         for layer in self.layers:
             x = run_layer(layer, (x, attn_mask), self.checkpoint_activations, self.offload_activations)
         if self.layer_norm is not None:
@@ -157,7 +158,7 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
         if incremental:
             prev_output_tokens = prev_output_tokens[:, -1:]  # the newest token only
         x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions  # √d·E y + PE
-        x = F.dropout(x, p=self.dropout, training=self.training)
+        x = self.dropout_module(x)
         encoder, encoder_attn_mask, key_rows, group = self._encoder_rows(encoder_out, x.size(0), incremental)
         need_attn = self.need_attn and not self.training
         attn: Optional[Tensor] = None

@@ -24,6 +24,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
+from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
 from fairseq_plugins.errors import ConfigError
@@ -42,7 +43,7 @@ class MultiheadAttention(nn.Module):
         self.embed_dim = embed_dim
         self.num_heads = num_heads  # h
         self.d_k = embed_dim // num_heads  # d_k = d_v = d_model / h
-        self.dropout = dropout
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)  # on the weights
         self.encoder_decoder_attention = encoder_decoder_attention
         if encoder_decoder_attention:
             self.q_proj = nn.Linear(embed_dim, embed_dim)  # W^Q
@@ -109,7 +110,9 @@ class MultiheadAttention(nn.Module):
                     kv = torch.cat([prev, kv], dim=3)  # [N, 2, h, t, d_k]
                 self.set_incremental_state(incremental_state, "prev_kv", {"kv": kv})
         k, v = kv[:, 0], kv[:, 1]
-        dropout_p = self.dropout if self.training else 0.0
+        # the fused kernel takes dropout as a probability; FairseqDropout says when it applies
+        drop = self.dropout_module
+        dropout_p = drop.p if self.training or drop.apply_during_inference else 0.0
         if need_weights:
             out, weights = self._attention_with_weights(q, k, v, attn_mask, causal, dropout_p)
             weights = weights.reshape(num_rows, tgt_len, -1)  # [N, T, S]

@@ -16,6 +16,7 @@ Tensors are batch-first, [B, T, d_model].
 from typing import Optional, Tuple
 
 import torch.nn.functional as F
+from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
 from fairseq_plugins.modules.multihead_attention import IncrementalState, MultiheadAttention
@@ -34,15 +35,16 @@ class _Layer(nn.Module):
     def __init__(self, d_model: int, d_ff: int, dropout: float, activation_dropout: float,
                  normalize_before: bool):
         super().__init__()
-        self.dropout = dropout  # P_drop
-        self.activation_dropout = activation_dropout
+        # fairseq's module, so that --retain-dropout(-modules) can keep it on in generation
+        self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)  # P_drop
+        self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
         self.normalize_before = normalize_before
         self.fc1 = _linear(d_model, d_ff)  # W_1, b_1
         self.fc2 = _linear(d_ff, d_model)  # W_2, b_2
         self.final_layer_norm = nn.LayerNorm(d_model)
 
     def _residual(self, x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = x + F.dropout(sublayer_out, p=self.dropout, training=self.training)  # x + Dropout(Sublayer)
+        x = x + self.dropout_module(sublayer_out)  # x + Dropout(Sublayer)
         return x if self.normalize_before else norm(x)  # LayerNorm(x + Dropout(Sublayer(x)))
 
     def _input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
@@ -50,7 +52,7 @@ class _Layer(nn.Module):
 
     def _ffn(self, x: Tensor) -> Tensor:
         h = F.relu(self.fc1(self._input(x, self.final_layer_norm)))  # max(0, x W_1 + b_1)
-        h = F.dropout(h, p=self.activation_dropout, training=self.training)
+        h = self.activation_dropout_module(h)
         return self._residual(x, self.fc2(h), self.final_layer_norm)  # (…) W_2 + b_2
 
 

@@ -10,13 +10,15 @@ from fairseq_plugins.patches import (
     batch_by_size,
     checkpoint_loading,
     encoder_fast_path,
+    match_source_len,
+    no_repeat_ngram,
     numerical_faults,
     one_line_errors,
 )
 
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
-           one_line_errors]
+           no_repeat_ngram, match_source_len, one_line_errors]
 
 
 def install_all():
