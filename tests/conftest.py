@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import make_corpus, preprocess
+from helpers import TINY_BUILTIN_TRANSFORMER, make_corpus, preprocess, train
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +19,26 @@ def data_bin(tmp_path_factory, corpus_dir):
 def data_bin_separate(tmp_path_factory, corpus_dir):
     """The same corpus with separate source and target dictionaries."""
     return preprocess(corpus_dir, str(tmp_path_factory.mktemp("data-bin-sep")), joined=False)
+
+
+# Every family and fairseq's built-in transformer, briefly trained with dropout 0.3 on ``data_bin``:
+# undertrained enough to repeat words, trained enough that dropout changes the beam's choices.
+GENERATION_FAMILIES = {
+    "vaswani_transformer": ["--arch", "vaswani_transformer_tiny", "--encoder-layers", "1", "--decoder-layers", "1",
+                            "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64"],
+    "rnnsearch": ["--arch", "rnnsearch_tiny", "--init", "pytorch"],
+    "rnnencdec": ["--arch", "rnnencdec_tiny", "--init", "pytorch"],
+    "seq2seq_lstm": ["--arch", "seq2seq_lstm_tiny"],  # 2 layers: nn.LSTM's between-layer dropout too
+    "builtin_transformer": TINY_BUILTIN_TRANSFORMER,
+}
+
+
+@pytest.fixture(scope="session")
+def generation_models(tmp_path_factory, data_bin):
+    """{family: checkpoint path} of GENERATION_FAMILIES, 60 updates each."""
+    root = tmp_path_factory.mktemp("generation-models")
+    paths = {}
+    for family, arch in GENERATION_FAMILIES.items():
+        train(data_bin, root / family, arch, 60, ["--dropout", "0.3", "--no-epoch-checkpoints"])
+        paths[family] = str(root / family / "checkpoint_last.pt")
+    return paths

@@ -3,6 +3,9 @@ import os
 import subprocess
 import sys
 
+import torch
+from fairseq import checkpoint_utils
+
 import fairseq_plugins
 from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
 
@@ -88,3 +91,32 @@ def first_non_finite_module(model, net_input, autocast_dtype=None):
             handle.remove()
     assert found, "no module output holds NaN/Inf"
     return found[0]
+
+
+def generate(data, checkpoint, *flags, beam=2):
+    """fairseq-generate on the test set; returns {sentence id: {"S"/"T"/"H"/"P"/"A": fields}} of the best
+    hypothesis (H: [score, text]; P: the positional scores, base 2) and "nbest": the texts of all."""
+    out = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", beam, "--cpu",
+               "--max-len-a", "1", "--max-len-b", "5", "--batch-size", "8", *flags])
+    lines = {}
+    for line in out.splitlines():
+        key, _, rest = line.partition("\t")
+        if len(key) > 2 and key[1] == "-" and key[0] in "STHPA" and key[2:].isdigit():
+            fields, entry = rest.split("\t"), lines.setdefault(int(key[2:]), {"nbest": []})
+            if key[0] == "H":
+                entry["nbest"].append(fields[-1])
+            entry.setdefault(key[0], fields if key[0] == "H" else fields[-1])
+    return lines
+
+
+def teacher_forced_log2probs(path, src_words, hyp_words):
+    """log2 p(y_t | y_<t, x) of each hypothesis word and the final EOS, from one full forward."""
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path])
+    model = models[0].eval()
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    src = src_dict.encode_line(src_words, add_if_not_exist=False).long()[None]
+    tgt = tgt_dict.encode_line(hyp_words, add_if_not_exist=False).long()[None]  # words + EOS
+    prev = torch.cat([tgt.new_tensor([[tgt_dict.eos()]]), tgt[:, :-1]], dim=1)
+    with torch.no_grad():
+        lprobs = model.get_normalized_probs(model(src, torch.tensor([src.size(1)]), prev), log_probs=True)
+    return (lprobs[0].gather(1, tgt[0][:, None])[:, 0] / torch.log(torch.tensor(2.0))).tolist()

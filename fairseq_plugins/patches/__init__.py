@@ -6,10 +6,12 @@ here patches fairseq as an import side effect. The README's "Patches to fairseq"
 each one with the reason and the upstream issue.
 """
 from fairseq_plugins.patches import (
+    alignment_attention,
     atomic_checkpoints,
     batch_by_size,
     checkpoint_loading,
     encoder_fast_path,
+    hub_score,
     match_source_len,
     no_repeat_ngram,
     numerical_faults,
@@ -18,7 +20,7 @@ from fairseq_plugins.patches import (
 
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
-           no_repeat_ngram, match_source_len, one_line_errors]
+           no_repeat_ngram, match_source_len, alignment_attention, hub_score, one_line_errors]
 
 
 def install_all():

@@ -1,0 +1,30 @@
+"""Alignments from a generator that was asked for them after the model was prepared.
+
+``fairseq-generate --print-alignment`` tells the decoders to return attention through
+``prepare_for_inference_`` (``need_attn``). The hub interface prepares the model once, in
+``from_pretrained``, and builds a new generator per call, so
+``hub.generate(..., print_alignment="hard")`` reaches decoders that still skip their
+attention weights (the suite's Transformer, which computes them only on demand, and fairseq's
+``lstm``), and fairseq's alignment extraction fails with ``IndexError``. The fix turns
+``need_attn`` on in every module that has it for the duration of an alignment generator's
+``generate``, and restores it afterwards.
+"""
+from fairseq.sequence_generator import SequenceGeneratorWithAlignment
+
+_fairseq_generate = SequenceGeneratorWithAlignment.generate
+
+
+def _generate(self, models, sample, **kwargs):
+    modules = [m for model in self.model.models for m in model.modules() if hasattr(m, "need_attn")]
+    before = [m.need_attn for m in modules]
+    for m in modules:
+        m.need_attn = True
+    try:
+        return _fairseq_generate(self, models, sample, **kwargs)
+    finally:
+        for m, value in zip(modules, before):
+            m.need_attn = value
+
+
+def install():
+    SequenceGeneratorWithAlignment.generate = _generate
