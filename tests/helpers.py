@@ -22,10 +22,11 @@ def cli_env(extra=None):
     return env
 
 
-def run(cmd, cwd=None, env=None, check=True):
-    """Run ``cmd`` (a list); return stdout+stderr. With ``check``, a non-zero exit fails the test."""
+def run(cmd, cwd=None, env=None, check=True, input_text=None):
+    """Run ``cmd`` (a list), ``input_text`` on its stdin; return stdout+stderr. With ``check``, a
+    non-zero exit fails the test."""
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=cli_env(env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+                          stderr=subprocess.STDOUT, text=True, input=input_text)
     if check:
         assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-4000:]}"
     return proc.stdout if check else proc

@@ -16,11 +16,13 @@ from fairseq_plugins.patches import (
     no_repeat_ngram,
     numerical_faults,
     one_line_errors,
+    replace_unk,
 )
 
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
-           no_repeat_ngram, match_source_len, alignment_attention, hub_score, one_line_errors]
+           no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk,
+           one_line_errors]
 
 
 def install_all():
