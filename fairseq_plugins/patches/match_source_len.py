@@ -19,18 +19,19 @@ _fairseq_generate = SequenceGenerator._generate
 
 
 def _source_words(generator, sample):
-    """Words per source sentence (no padding, no EOS), keyed as the search's ``original_batch_idxs``."""
+    """(sorted keys, words): words per source sentence (no padding, no EOS), keyed as the search's
+    ``original_batch_idxs`` (the sample ids, or the rows when there are none)."""
     src_tokens = sample["net_input"]["src_tokens"]
     words = (src_tokens.ne(generator.eos) & src_tokens.ne(generator.pad)).long().sum(dim=1)
     keys = sample["id"] if isinstance(sample.get("id"), torch.Tensor) else torch.arange(len(words))
-    by_key = torch.zeros(int(keys.max()) + 1, dtype=torch.long, device=words.device)
-    by_key[keys.to(words.device)] = words
-    return by_key
+    keys, order = keys.to(words.device).sort()
+    return keys, words[order]
 
 
-def _constrained_step(search_step, eos, by_key):
+def _constrained_step(search_step, eos, keys, words_by_key):
     def step(step, lprobs, scores, prev_output_tokens=None, original_batch_idxs=None, *args, **kwargs):
-        words = by_key[original_batch_idxs.to(by_key.device)].to(lprobs.device)  # [bsz]
+        rows = torch.searchsorted(keys, original_batch_idxs.to(keys.device))
+        words = words_by_key[rows].to(lprobs.device)  # [bsz]
         lprobs[(step < words), :, eos] = -math.inf  # too early to end
         at_end = step == words
         eos_lprobs = lprobs[at_end, :, eos].clone()
@@ -46,7 +47,7 @@ def _generate(self, sample, *args, **kwargs):
     search = self.search
     own_step = vars(search).get("step")  # an instance attribute someone else set, if any
     choose = search.beam.step if isinstance(search, LengthConstrainedBeamSearch) else search.step
-    search.step = _constrained_step(choose, self.eos, _source_words(self, sample))
+    search.step = _constrained_step(choose, self.eos, *_source_words(self, sample))
     try:
         return _fairseq_generate(self, sample, *args, **kwargs)
     finally:
