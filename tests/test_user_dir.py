@@ -4,6 +4,7 @@ fairseq resolves a --user-dir that is not a path from the current folder next to
 package (``site-packages/fairseq/../fairseq_plugins``): a ``pip install .`` puts the suite
 there, a ``pip install -e .`` does not (only a finder that points at the checkout)."""
 import os
+import shutil
 import sys
 
 import fairseq
@@ -18,9 +19,13 @@ PARSE = ("from fairseq import options; import sys; "
 
 @pytest.mark.slow
 def test_bare_name_after_pip_install(tmp_path):
-    site = tmp_path / "site-packages"
+    source, site = tmp_path / "source", tmp_path / "site-packages"
+    source.mkdir()  # a copy, so that the build's files stay out of the checkout
+    shutil.copy(os.path.join(REPO, "setup.py"), source)
+    shutil.copytree(os.path.join(REPO, "fairseq_plugins"), source / "fairseq_plugins",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-compile",
-         "--disable-pip-version-check", "--target", site, REPO])
+         "--disable-pip-version-check", "--target", site, source])
     # fairseq beside it, as pip lays them out: a real folder (its ".." must be site), entries linked
     installed = os.path.dirname(fairseq.__file__)
     (site / "fairseq").mkdir()
