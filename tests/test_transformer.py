@@ -334,6 +334,70 @@ def test_incremental_decoding_equals_full_forward_under_reordering(flags):
             t += 1
 
 
+def self_attn_buffers(state):
+    return [v["buf"] for k, v in state.items() if k.endswith("self_kv")]
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(encoder_normalize_before=True, decoder_normalize_before=True)])
+def test_beam_cache_reorders_move_nothing_and_equal_full_forward(flags):
+    """As SequenceGenerator decodes: rows repeated per beam before the first step, reorders
+    within beams, a finished sentence dropped, then (not from beam search) rows crossing
+    beams; every step equals a full forward of the same rows. Past the preallocated capacity
+    (16 steps) the buffer grows."""
+    model = build(share_all_embeddings=True, **flags)
+    src = tokens(JOINED, [7, 3, 5])
+    prev = prev_output(JOINED, [24, 24, 24])
+    beam = torch.tensor([0, 0, 1, 1, 2, 2])
+    orders = ([torch.tensor([1, 1, 2, 3, 5, 4]), torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([1, 0, 3, 3, 4, 4])] * 5
+              + [torch.tensor([0, 1, 5, 4]),  # sentence 1 finished: groups 0 and 2 remain
+                 torch.tensor([1, 0, 3, 2]), torch.tensor([1, 1, 2, 3]),
+                 torch.tensor([3, 0, 2, 1]), torch.tensor([0, 0, 1, 2])])  # rows cross beams
+    with torch.no_grad():
+        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), beam)
+        rows, state = beam, {}
+        lp, _ = step_by_step(model, encoder_out, prev[rows], state, 0, 1)
+        full = log_probs(model, src[rows], prev[rows, :1])
+        assert (lp - full).abs().max() < TOL
+        for t, order in enumerate(orders, start=1):
+            buffers = [b.data_ptr() for b in self_attn_buffers(state)]
+            moves = order.numel() != 6 or not bool((order // 2 == torch.arange(order.numel()) // 2).all())
+            model.decoder.reorder_incremental_state_scripting(state, order)
+            if not moves and t > 1:  # within-beam reorders copy no cache entry
+                assert [b.data_ptr() for b in self_attn_buffers(state)] == buffers
+            rows = rows[order]
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+            lp, attn = step_by_step(model, encoder_out, prev[rows], state, t, t + 1)
+            full = log_probs(model, src[rows], prev[rows, : t + 1])
+            assert (lp - full[:, t:]).abs().max() < TOL, t
+        assert self_attn_buffers(state)[0].size(1) == 32  # grew once, from 16
+
+
+def test_slot_cache_equals_naive_cat_reference():
+    """One self-attention module: the grouped in-place cache (decoder's slot bookkeeping) against
+    a cache kept the naive way, keys/values concatenated per step and index_select-ed per reorder."""
+    model = build(share_all_embeddings=True)
+    decoder, attn = model.decoder, model.decoder.layers[0].self_attn
+    g = torch.Generator().manual_seed(3)
+    state, ref_kv, group = {}, None, 3
+    x = torch.randn(6, 1, 64, generator=g)
+    with torch.no_grad():
+        for t in range(20):
+            if t > 0:
+                order = (torch.randint(0, group, (6,), generator=g) + torch.arange(6) // group * group)
+                if t == 13:
+                    order = torch.tensor([5, 0, 1, 2, 4, 3])  # rows cross groups: groups of one from here
+                decoder.reorder_incremental_state(state, order)
+                ref_kv = ref_kv.index_select(0, order)
+                x = x[order] + torch.randn(6, 1, 64, generator=g)
+            slot_mask = decoder._slot_mask(state, 6, group)
+            out, _ = attn(x, attn_mask=slot_mask, incremental_state=state)
+            qkv = attn.in_proj(x).view(6, 1, 3, 4, 16).permute(0, 2, 3, 1, 4)  # [N, 3, h, 1, d_k]
+            ref_kv = qkv[:, 1:] if ref_kv is None else torch.cat([ref_kv, qkv[:, 1:]], dim=3)
+            scores = qkv[:, 0] @ ref_kv[:, 0].transpose(-2, -1) / 4.0  # QKᵀ/√d_k
+            ref = attn.out_proj((scores.softmax(-1) @ ref_kv[:, 1]).transpose(1, 2).reshape(6, 1, 64))
+            assert (out - ref).abs().max() < TOL, t
+
+
 # ---------------------------------------------------------------- padding invariance
 
 def test_scores_and_translation_do_not_depend_on_the_batch():

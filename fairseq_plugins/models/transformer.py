@@ -160,11 +160,13 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
         x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions  # √d·E y + PE
         x = self.dropout_module(x)
         encoder, encoder_attn_mask, key_rows, group = self._encoder_rows(encoder_out, x.size(0), incremental)
+        slot_mask = self._slot_mask(incremental_state, x.size(0), group) if incremental_state is not None else None
         need_attn = self.need_attn and not self.training
         attn: Optional[Tensor] = None
         for idx, layer in enumerate(self.layers):
             x, layer_attn = run_layer(layer, (x, encoder, encoder_attn_mask, incremental_state,
-                                              need_attn and idx == self.alignment_layer, key_rows, group),
+                                              need_attn and idx == self.alignment_layer, key_rows, group,
+                                              slot_mask),
                                       self.checkpoint_activations, self.offload_activations)
             if layer_attn is not None:
                 attn = layer_attn
@@ -204,6 +206,27 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
             padding = padding.index_select(0, key_rows)
         return encoder, ~padding[:, None, None, :], key_rows, group  # mask [N / group, 1, 1, S]
 
+    def _slot_mask(self, incremental_state: IncrementalState, num_rows: int, group: int) -> Optional[Tensor]:
+        """Self-attention cache bookkeeping for one decoding step. ``slots`` [R, G, t] says for each
+        hypothesis (R groups of G, a beam each) which slot of its group holds the entry of each
+        earlier step, i.e. its ancestor's; this step every hypothesis writes its own slot.
+        Returns the additive mask [R, 1, G, (t+1)·G], 0 where a hypothesis reads an entry and -inf
+        elsewhere, or None for groups of one (every row reads its own entries)."""
+        state = self.get_incremental_state(incremental_state, "self_attn_slots")
+        if state is None or state["slots"] is None:  # first step: groups as the encoder rows give them
+            slots = torch.empty(num_rows // group, group, 0, dtype=torch.long, device=self.embed_tokens.weight.device)
+        else:
+            slots = state["slots"]
+        rows, group, steps = slots.shape
+        own = torch.arange(group, device=slots.device)
+        slots = torch.cat([slots, own.view(1, group, 1).expand(rows, group, 1)], dim=2)
+        self.set_incremental_state(incremental_state, "self_attn_slots", {"slots": slots})
+        if group == 1:
+            return None
+        reads = (slots.unsqueeze(3) == own).view(rows, 1, group, (steps + 1) * group)
+        # additive (0 / -inf) once per step rather than a bool mask converted by every layer
+        return torch.zeros(reads.shape, device=reads.device).masked_fill_(~reads, float("-inf"))
+
     def output_layer(self, features: Tensor) -> Tensor:
         return self.output_projection(features)  # pre-softmax linear transformation
 
@@ -211,8 +234,24 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
         return self.embed_positions.max_positions
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        """Row n now continues row new_order[n]. Beam search reorders within each beam: the
+        self-attention entries stay where they are and only ``slots`` moves; other orders gather
+        each row's entries once (groups of one). The encoder–decoder caches never move."""
+        state = self.get_incremental_state(incremental_state, "self_attn_slots")
+        if state is None or state["slots"] is None:
+            return
+        rows, group, steps = state["slots"].shape
+        slots = state["slots"].view(rows * group, steps).index_select(0, new_order)  # [N', t]
+        origin = new_order // group  # old group of each new row
+        ancestors: Optional[Tensor] = None
+        if group > 1 and new_order.numel() % group == 0 and bool(
+                (origin.view(-1, group) == origin.view(-1, group)[:, :1]).all()):
+            groups, slots = origin.view(-1, group)[:, 0], slots.view(-1, group, steps)
+        else:  # rows left their beams (or groups of one): each row becomes its own group
+            groups, ancestors, slots = origin, slots, torch.zeros_like(slots).unsqueeze(1)
+        self.set_incremental_state(incremental_state, "self_attn_slots", {"slots": slots})
         for layer in self.layers:  # the encoder-decoder caches are per sentence: never moved
-            layer.self_attn.reorder_incremental_state(incremental_state, new_order)
+            layer.self_attn.reorder_cache(incremental_state, groups, ancestors)
 
     def reorder_incremental_state_scripting(self, incremental_state: IncrementalState,
                                             new_order: Tensor):

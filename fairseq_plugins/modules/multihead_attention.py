@@ -8,9 +8,14 @@ Tensors are batch-first: queries [N, T, d_model], keys/values [B, S, kdim]. The 
 itself runs in ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels on CPU
 and GPU); the weights are materialised only when ``need_weights`` asks for them.
 
-Self-attention projects Q, K and V with one fused [3·d_model, d_model] matrix (``in_proj``)
-and caches, when decoding step by step, the keys and values of the tokens so far as one
-tensor [N, 2, h, t, d_k] (one gather per beam reordering, one append per step).
+Self-attention projects Q, K and V with one fused [3·d_model, d_model] matrix (``in_proj``).
+When decoding step by step it caches the keys and values of the tokens so far in a buffer
+[R, capacity, G, 2, h, d_k] preallocated for several steps and written in place. In beam
+search the G = beam hypotheses of a sentence form one group: step j's entries stay in the
+slot of the hypothesis that wrote them, beam reorders move nothing, and each hypothesis
+reads its own ancestors' slots through ``attn_mask`` (the decoder's ``slot_mask``), its group
+attending as one [h, G, d_k] query block to the group's (t·G) keys. Rows that leave their
+group (any other reorder) are gathered into groups of one (:meth:`reorder_cache`).
 
 Encoder–decoder attention projects the queries with ``q_proj`` and the encoder output with
 one fused [2·d_model, kdim] matrix (``kv_proj``). When decoding, keys and values are
@@ -80,7 +85,8 @@ class MultiheadAttention(nn.Module):
             query: [N, T, d_model].
             key: [B, S, kdim] encoder output (encoder–decoder attention; read once per
                 sentence when ``incremental_state`` caches its keys and values).
-            attn_mask: bool [N / group, 1, 1, S], True where a key may be attended.
+            attn_mask: bool [N / group, 1, 1, S], True where a key may be attended; in incremental
+                self-attention the decoder's additive slot mask [N / G, 1, G, (t+1)·G], or None (G = 1).
             causal: mask future positions (decoder self-attention over a full sequence).
             need_weights: also return the attention weights averaged over heads, [N, T, S].
             key_rows: [N / group] which row of ``key`` each query group reads (None: row i
@@ -105,10 +111,7 @@ class MultiheadAttention(nn.Module):
             qkv = self._split(self.in_proj(query), 3)  # [N, 3, h, T, d_k]
             q, kv = qkv[:, 0], qkv[:, 1:]
             if incremental_state is not None:
-                prev = self._cached(incremental_state, "prev_kv")
-                if prev is not None:
-                    kv = torch.cat([prev, kv], dim=3)  # [N, 2, h, t, d_k]
-                self.set_incremental_state(incremental_state, "prev_kv", {"kv": kv})
+                q, kv = self._append_to_cache(incremental_state, q, kv, attn_mask)
         k, v = kv[:, 0], kv[:, 1]
         # the fused kernel takes dropout as a probability; FairseqDropout says when it applies
         drop = self.dropout_module
@@ -122,6 +125,29 @@ class MultiheadAttention(nn.Module):
             weights = None
         out = out.transpose(1, 2).reshape(num_rows, tgt_len, self.embed_dim)  # Concat(head_1..h)
         return self.out_proj(out), weights
+
+    def _append_to_cache(self, incremental_state: IncrementalState, q: Tensor, kv: Tensor,
+                         slot_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """Writes this step's keys/values ``kv`` [N, 2, h, 1, d_k] into the buffer in place.
+        Returns the queries as group blocks [R, h, G, d_k] and the group's keys and values
+        [R, 2, h, (t+1)·G, d_k] (views of the buffer, step-major, slot-minor)."""
+        group = 1 if slot_mask is None else slot_mask.size(2)
+        rows = q.size(0) // group
+        cache = self.get_incremental_state(incremental_state, "self_kv")
+        if cache is None or cache["buf"] is None or cache["kv"] is None:
+            buf = kv.new_empty(rows, 16, group, 2, self.num_heads, self.d_k)
+            t = 0
+        else:
+            buf, t = cache["buf"], cache["kv"].size(1)
+        if t == buf.size(1):  # full: double the capacity (amortised O(1) copies per step)
+            bigger = buf.new_empty(rows, 2 * t, group, 2, self.num_heads, self.d_k)
+            bigger[:, :t] = buf
+            buf = bigger
+        buf[:, t] = kv.squeeze(3).reshape(rows, group, 2, self.num_heads, self.d_k)
+        self.set_incremental_state(incremental_state, "self_kv", {"buf": buf, "kv": buf[:, :t + 1]})
+        keys = buf[:, :t + 1].reshape(rows, (t + 1) * group, 2, self.num_heads, self.d_k)  # a view
+        q = q.transpose(1, 2).reshape(rows, group, self.num_heads, self.d_k).transpose(1, 2)
+        return q, keys.permute(0, 2, 3, 1, 4)
 
     def _cached(self, incremental_state: Optional[IncrementalState], key: str) -> Optional[Tensor]:
         if incremental_state is None:
@@ -142,11 +168,25 @@ class MultiheadAttention(nn.Module):
         out = torch.matmul(F.dropout(probs, p=dropout_p, training=dropout_p > 0), v)
         return out, probs.mean(dim=1)
 
-    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Beam search moved hypotheses: row b now continues row new_order[b]. The
-        encoder–decoder cache is per source sentence and does not move."""
-        if not self.encoder_decoder_attention:
-            kv = self._cached(incremental_state, "prev_kv")
-            if kv is not None:
-                self.set_incremental_state(incremental_state, "prev_kv", {"kv": kv.index_select(0, new_order)})
-        return incremental_state
+    def reorder_cache(self, incremental_state: IncrementalState, groups: Tensor,
+                      ancestors: Optional[Tensor] = None):
+        """Self-attention cache after a reorder. Without ``ancestors``: new group g is old group
+        ``groups[g]`` (nothing moves when that is every group in order). With ``ancestors``
+        [N', t] (rows left their groups): new row n becomes a group of one holding, for every
+        step j, the entry of old group ``groups[n]``, slot ``ancestors[n, j]``."""
+        cache = self.get_incremental_state(incremental_state, "self_kv")
+        if cache is None or cache["buf"] is None or cache["kv"] is None:
+            return
+        buf, t = cache["buf"], cache["kv"].size(1)
+        rows, capacity, group = buf.shape[:3]
+        if ancestors is not None:
+            steps = torch.arange(t, device=buf.device)
+            index = (groups.unsqueeze(1) * capacity + steps) * group + ancestors  # [N', t] into [R·capacity·G]
+            gathered = buf.view(rows * capacity * group, -1).index_select(0, index.view(-1))
+            buf = buf.new_empty(groups.numel(), capacity, 1, *buf.shape[3:])
+            buf[:, :t] = gathered.view(groups.numel(), t, 1, *buf.shape[3:])
+        elif groups.numel() != rows or not torch.equal(groups, torch.arange(rows, device=groups.device)):
+            buf = buf.index_select(0, groups)
+        else:
+            return
+        self.set_incremental_state(incremental_state, "self_kv", {"buf": buf, "kv": buf[:, :t]})

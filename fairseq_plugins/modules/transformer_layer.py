@@ -88,14 +88,17 @@ class TransformerDecoderLayer(_Layer):
 
     def forward(self, x: Tensor, encoder_out: Tensor, encoder_attn_mask: Optional[Tensor],
                 incremental_state: Optional[IncrementalState] = None, need_attn: bool = False,
-                key_rows: Optional[Tensor] = None, group: int = 1) -> Tuple[Tensor, Optional[Tensor]]:
+                key_rows: Optional[Tensor] = None, group: int = 1,
+                slot_mask: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """
         x: [N, T, d_model] (T = 1 when decoding step by step with ``incremental_state``);
         encoder_out: [B, S, d_encoder]; encoder_attn_mask: bool [N / group, 1, 1, S] or None;
-        key_rows, group: which encoder row the query rows read (see MultiheadAttention).
+        key_rows, group: which encoder row the query rows read (see MultiheadAttention);
+        slot_mask: which cached self-attention entries each hypothesis reads (incremental).
         Returns x and, with ``need_attn``, the encoder–decoder attention [N, T, S].
         """
         y, _ = self.self_attn(self._input(x, self.self_attn_layer_norm),
+                              attn_mask=slot_mask,
                               causal=incremental_state is None,  # mask future positions
                               incremental_state=incremental_state)
         x = self._residual(x, y, self.self_attn_layer_norm)
