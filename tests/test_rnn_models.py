@@ -299,6 +299,66 @@ def test_incremental_decoding_with_beam_reordering_equals_teacher_forcing(arch):
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ["rnnsearch_tiny", "rnnencdec_tiny"])
+def test_decoding_keeps_sentence_tensors_unmoved_through_beam_reorders_drops_and_crossings(arch):
+    """As SequenceGenerator decodes (rows repeated per beam before the first step, reorders within
+    beams, a finished sentence dropped), then rows crossing beams: every step equals teacher
+    forcing of the same rows, and the per-sentence tensors are never copied."""
+    model = build(arch, std=0.2)
+    src = sentences([6, 3, 5])
+    idx = torch.arange(3).repeat_interleave(2)
+    enc = model.encoder.reorder_encoder_out(model.encoder(src), idx)
+    orders = [torch.tensor([1, 1, 2, 3, 5, 4]), torch.tensor([0, 1, 3, 3, 4, 5]),
+              torch.tensor([0, 1, 4, 5]), torch.tensor([1, 1, 3, 2]),  # sentence 1 finished
+              torch.tensor([2, 0, 3, 1]), torch.tensor([0, 0, 1, 3])]  # rows cross beams
+    g = torch.Generator().manual_seed(5)
+    tokens, state, steps, kept = torch.full((6, 1), EOS), {}, [], None
+    with torch.no_grad():
+        for order in [None] + orders:
+            if order is not None:
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                idx, tokens, steps = idx[order], tokens[order], [s[order] for s in steps]
+                tokens = torch.cat([tokens, torch.randint(4, len(DICT), (len(order), 1), generator=g)], dim=1)
+            out = model.decoder(tokens, encoder_out=enc, incremental_state=state)
+            steps.append(model.get_normalized_probs(out, log_probs=True)[:, -1])
+            cache = model.decoder.get_incremental_state(state, "cache")
+            per_sentence = [v.data_ptr() for k, v in cache.items() if k in ("h", "U_a_h", "padding_mask", "c", "C_c")]
+            assert per_sentence and per_sentence == (kept or per_sentence)
+            kept = per_sentence
+    full = log_probs(model, src[idx], tokens)
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_alignment_energies_gradients_recomputed_equal_autograd_of_the_formula():
+    """e = v_aᵀ tanh(W_a s + U_a h) with the tanh recomputed in backward: values and gradients
+    equal autograd through the formula (float64), grouped queries included; and the forward
+    keeps no (bsz, src_len, n') activation per step for the backward pass."""
+    from fairseq_plugins.modules.additive_attention import _AlignmentEnergies
+    g = torch.Generator().manual_seed(0)
+    W_a_s = torch.randn(3, 2, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    U_a_h = torch.randn(3, 4, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    v_a = torch.randn(5, dtype=torch.float64, generator=g, requires_grad=True)
+    grad_e = torch.randn(3, 2, 4, dtype=torch.float64, generator=g)
+    e = _AlignmentEnergies.apply(W_a_s, U_a_h, v_a)
+    grads = torch.autograd.grad(e, (W_a_s, U_a_h, v_a), grad_e)
+    e_ref = torch.tanh(W_a_s.unsqueeze(2) + U_a_h.unsqueeze(1)) @ v_a  # the paper's formula
+    grads_ref = torch.autograd.grad(e_ref, (W_a_s, U_a_h, v_a), grad_e)
+    torch.testing.assert_close(e, e_ref)
+    for got, ref in zip(grads, grads_ref):
+        torch.testing.assert_close(got, ref)
+
+    model = build("rnnsearch_tiny", attention_hidden_size=40).train()  # n' = 40: no other size is 40
+    src, prev = sentences([7, 3, 5]), targets(3, 6)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        model(src, None, prev)
+    n_prime = model.decoder.context.attention.W_a.out_features
+    # tensors of (bsz, src_len, n') floats or more: U_a h (one, shared by the steps), no tanh(·) per step
+    large = {t.data_ptr() for t in saved if t.dim() >= 3 and t.size(-1) == n_prime and t.numel() >= 3 * 7 * n_prime}
+    assert len(large) == 1
+
+
 def test_alignments_have_target_by_source_shape_sum_to_one_and_skip_padding():
     model = build("rnnsearch_tiny")
     src, prev = sentences([7, 3, 5]), targets(3, 4)

@@ -51,7 +51,10 @@ class FixedContext(nn.Module):
         return {"c": c, "C_c": cell.project_context(c)}  # (bsz, n), (bsz, 3n_dec)
 
     def step(self, s_prev: Tensor, cache: Cache, cell: ConditionalGRUCell):
-        return cache["c"], cache["C_c"], None
+        c, C_c, rows = cache["c"], cache["C_c"], cache["rows"]
+        if rows is not None:  # decoding: c and C c stay once per sentence
+            c, C_c = c.index_select(0, rows), C_c.index_select(0, rows)
+        return c, C_c, None
 
 
 @register_model("rnnencdec")

@@ -9,7 +9,7 @@ The encoder's GRU is the papers' GRU (reset gate before the recurrent matrix,
 :class:`fairseq_plugins.modules.gru.GRU`), not ``torch.nn.GRU``, which puts it
 after. Tensors are batch-first everywhere (``encoder_out`` included); shapes are in comments.
 """
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -24,7 +24,7 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor
 
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.models.rnn_common import EncoderOut, check_positive, reorder_batch_first
+from fairseq_plugins.models.rnn_common import EncoderOut, check_positive
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
 from fairseq_plugins.modules.conditional_gru import ConditionalGRUCell
 from fairseq_plugins.modules.gru import GRU
@@ -62,7 +62,10 @@ class StackedGRUEncoder(FairseqEncoder):
         return h, h_n, padding_mask
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        return reorder_batch_first(encoder_out, new_order)
+        """Lazy: the tensors keep one row per source sentence; ``src_rows`` [N] records which
+        sentence row n now stands for (beam search repeats and reorders rows)."""
+        rows = encoder_out.get("src_rows", [])
+        return {**encoder_out, "src_rows": [rows[0].index_select(0, new_order) if rows else new_order]}
 
     def max_positions(self):
         return self.max_source_positions
@@ -88,6 +91,18 @@ class BiGRUEncoder(StackedGRUEncoder):
         }
 
 
+def sentence_groups(rows: Tensor, num_sentences: int) -> Tuple[Optional[Tensor], int]:
+    """Rows [N] -> (which sentence each group of rows reads, rows per group). Beam search keeps
+    each sentence's hypotheses as one run of equal length (a group); other orders get groups
+    of one. The sentence index is None when it is every sentence once, in order."""
+    sentences, run_lengths = torch.unique_consecutive(rows, return_counts=True)
+    if not bool(run_lengths.min() == run_lengths.max()):
+        return rows, 1
+    if sentences.numel() == num_sentences and torch.equal(sentences, torch.arange(num_sentences, device=rows.device)):
+        return None, rows.numel() // num_sentences
+    return sentences, rows.numel() // sentences.numel()
+
+
 class AttentionContext(nn.Module):
     """RNNsearch's context source: ``c_i`` from the additive alignment model over the
     annotations, ``x_0 = ←h_1`` for the initial state."""
@@ -108,8 +123,17 @@ class AttentionContext(nn.Module):
         }
 
     def step(self, s_prev: Tensor, cache: Cache, cell: ConditionalGRUCell):
-        """c_i (bsz, 2n), [C_z; C_r; C] c_i (bsz, 3n) and α_i (bsz, src_len) from s_{i-1}."""
-        c, alpha = self.attention(s_prev, cache["U_a_h"], cache["h"], cache["padding_mask"])
+        """c_i (N, 2n), [C_z; C_r; C] c_i (N, 3n) and α_i (N, src_len) from s_{i-1} (N, n).
+        With ``cache["rows"]`` (decoding) the annotations stay one row per sentence and each
+        beam's hypotheses attend together to their sentence's row."""
+        h, U_a_h, mask = cache["h"], cache["U_a_h"], cache["padding_mask"]
+        group, rows = 1, cache["rows"]
+        if rows is not None:
+            sentences, group = sentence_groups(rows, h.size(0))
+            if sentences is not None:  # some sentences finished, or rows crossed beams
+                h, U_a_h, mask = (t.index_select(0, sentences) for t in (h, U_a_h, mask))
+        c, alpha = self.attention(s_prev.view(-1, group, s_prev.size(1)), U_a_h, h, mask)
+        c, alpha = c.view(s_prev.size(0), -1), alpha.view(s_prev.size(0), -1)
         return c, cell.project_context(c), alpha
 
 
@@ -123,8 +147,10 @@ class ConditionalGRUDecoder(FairseqIncrementalDecoder):
         p(y_i | ·) = softmax(W_o t_i)
 
     ``context`` (an :class:`AttentionContext` or a :class:`FixedContext`) is the only
-    difference between the two models. Per-sentence tensors (``s``, ``U_a h_j`` or ``C c``)
-    live in the incremental state; the deep output runs on all steps at once after the loop.
+    difference between the two models. The incremental state holds ``s`` per hypothesis and the
+    context's tensors (``h_j``, ``U_a h_j``, mask, or ``c``, ``C c``) once per source sentence,
+    never reordered: ``rows`` [N] says which sentence each hypothesis decodes. The deep
+    output runs on all steps at once after the loop.
     """
 
     def __init__(
@@ -145,9 +171,16 @@ class ConditionalGRUDecoder(FairseqIncrementalDecoder):
         self.maxout = Maxout(2 * maxout_dim, pool_size=2)
         self.W_o = nn.Linear(maxout_dim, len(dictionary))
 
-    def initial_cache(self, encoder_out: EncoderOut) -> Cache:
+    def initial_cache(self, encoder_out: EncoderOut, incremental: bool = False) -> Cache:
         cache: Cache = {"s": torch.tanh(self.W_s(self.context.initial_input(encoder_out)))}  # s_0 = tanh(W_s x_0)
         cache.update(self.context.cache(encoder_out, self.cell))
+        rows = encoder_out.get("src_rows", [])
+        cache["rows"] = rows[0] if rows else None
+        if rows and not incremental:  # a full forward over reordered rows: gather them once
+            cache = {k: v.index_select(0, rows[0]) for k, v in cache.items() if k != "rows" and v is not None}
+            cache["rows"] = None
+        elif rows:
+            cache["s"] = cache["s"].index_select(0, rows[0])  # s_0 per hypothesis
         return cache
 
     def forward(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None, **unused):
@@ -158,7 +191,7 @@ class ConditionalGRUDecoder(FairseqIncrementalDecoder):
         """Returns the maxout outputs t (bsz, tgt_len, l) and ``{"attn": [α (bsz, tgt_len, src_len) or None]}``."""
         cache = self.get_incremental_state(incremental_state, "cache") if incremental_state is not None else None
         if cache is None:
-            cache = self.initial_cache(encoder_out)
+            cache = self.initial_cache(encoder_out, incremental_state is not None)
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
 
@@ -194,10 +227,14 @@ class ConditionalGRUDecoder(FairseqIncrementalDecoder):
         return self.W_o(t)  # logits of p(y_i | ·) = softmax(W_o t_i)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        """Only ``s`` and the row -> sentence map move; the per-sentence tensors stay."""
         cache = self.get_incremental_state(incremental_state, "cache")
         if cache is None:
             return
-        reordered = {k: (None if v is None else v.index_select(0, new_order)) for k, v in cache.items()}
+        rows = cache["rows"]
+        reordered = dict(cache)
+        reordered["s"] = cache["s"].index_select(0, new_order)
+        reordered["rows"] = new_order if rows is None else rows.index_select(0, new_order)
         self.set_incremental_state(incremental_state, "cache", reordered)
 
     def max_positions(self):

@@ -1,8 +1,40 @@
 """Additive alignment model of Bahdanau et al. (2015), section 3.1 and appendix A.1.2."""
+from typing import Tuple
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+
+
+class _AlignmentEnergies(torch.autograd.Function):
+    """``e_gij = v_aᵀ tanh(W_a s_gi + U_a h_gj)`` for every query i of group g and annotation j.
+
+    Autograd would keep ``tanh(·)`` (bsz·G·src_len·n' floats) of every decoder step for the
+    backward pass; this keeps only the inputs (``W_a s``: bsz·G·n') and recomputes the tanh
+    there, which is what made rnnsearch's training memory exceed fairseq's ``lstm``.
+    """
+
+    @staticmethod
+    def forward(ctx, W_a_s: Tensor, U_a_h: Tensor, v_a: Tensor) -> Tensor:
+        ctx.save_for_backward(W_a_s, U_a_h, v_a)
+        hidden = _hidden(W_a_s, U_a_h)
+        return torch.matmul(hidden, v_a.to(hidden.dtype))  # (bsz, G, src_len)
+
+    @staticmethod
+    def backward(ctx, grad_e: Tensor):
+        W_a_s, U_a_h, v_a = ctx.saved_tensors
+        hidden = _hidden(W_a_s, U_a_h)  # recomputed: tanh(W_a s + U_a h), (bsz, G, src_len, n')
+        grad_e = grad_e.to(hidden.dtype)
+        grad_v = torch.matmul(grad_e.reshape(1, -1), hidden.view(-1, hidden.size(-1))).view(-1)
+        # d e / d(pre-activation) = v_a ∘ (1 - tanh²), in place on the recomputed tanh
+        grad_pre = hidden.mul_(hidden).neg_().add_(1.0).mul_(v_a.to(hidden.dtype)).mul_(grad_e.unsqueeze(-1))
+        return (grad_pre.sum(dim=2).to(W_a_s.dtype), grad_pre.sum(dim=1).to(U_a_h.dtype), grad_v.to(v_a.dtype))
+
+
+def _hidden(W_a_s: Tensor, U_a_h: Tensor) -> Tensor:
+    """tanh(W_a s_gi + U_a h_gj): (bsz, G, n') and (bsz, src_len, n') -> (bsz, G, src_len, n')."""
+    return torch.add(W_a_s.unsqueeze(2), U_a_h.unsqueeze(1)).tanh_()
 
 
 class AdditiveAttention(nn.Module):
@@ -29,20 +61,22 @@ class AdditiveAttention(nn.Module):
         """``U_a h_j`` for every j: (bsz, src_len, 2n) -> (bsz, src_len, n')."""
         return self.U_a(h)
 
-    def forward(self, s_prev: Tensor, U_a_h: Tensor, h: Tensor, padding_mask: Tensor):
+    def forward(self, s_prev: Tensor, U_a_h: Tensor, h: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
         """
         Args:
-            s_prev: (bsz, n) decoder state ``s_{i-1}``.
+            s_prev: (bsz, n) decoder states ``s_{i-1}``, or (bsz, G, n): G states (a beam's
+                hypotheses) that read the same sentence.
             U_a_h: (bsz, src_len, n') from :meth:`project_annotations`.
             h: (bsz, src_len, 2n) annotations.
             padding_mask: (bsz, src_len), True at padding (those get zero weight).
 
         Returns:
-            c_i: (bsz, 2n) context vector; α_i: (bsz, src_len) alignment weights.
+            c_i: (bsz, [G,] 2n) context vectors; α_i: (bsz, [G,] src_len) alignment weights.
         """
-        # e_ij = v_aᵀ tanh(W_a s_{i-1} + U_a h_j): (bsz, src_len)
-        e = self.v_a(torch.tanh(self.W_a(s_prev).unsqueeze(1) + U_a_h)).squeeze(2)
-        e = e.masked_fill(padding_mask, float("-inf"))
-        alpha = F.softmax(e, dim=1)  # α_ij = exp(e_ij) / Σ_k exp(e_ik)
-        c = torch.bmm(alpha.unsqueeze(1), h).squeeze(1)  # c_i = Σ_j α_ij h_j
-        return c, alpha
+        grouped = s_prev.dim() == 3
+        W_a_s = self.W_a(s_prev if grouped else s_prev.unsqueeze(1))  # (bsz, G, n')
+        e = _AlignmentEnergies.apply(W_a_s, U_a_h, self.v_a.weight.view(-1))  # e_ij: (bsz, G, src_len)
+        e = e.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
+        alpha = F.softmax(e, dim=2)  # α_ij = exp(e_ij) / Σ_k exp(e_ik)
+        c = torch.bmm(alpha.to(h.dtype), h)  # c_i = Σ_j α_ij h_j: (bsz, G, 2n)
+        return (c, alpha) if grouped else (c.squeeze(1), alpha.squeeze(1))
