@@ -25,11 +25,12 @@ class _AlignmentEnergies(torch.autograd.Function):
     def backward(ctx, grad_e: Tensor):
         W_a_s, U_a_h, v_a = ctx.saved_tensors
         hidden = _hidden(W_a_s, U_a_h)  # recomputed: tanh(W_a s + U_a h), (bsz, G, src_len, n')
-        grad_e = grad_e.to(hidden.dtype)
+        grad_e, v = grad_e.to(hidden.dtype), v_a.to(hidden.dtype)
         grad_v = torch.matmul(grad_e.reshape(1, -1), hidden.view(-1, hidden.size(-1))).view(-1)
-        # d e / d(pre-activation) = v_a ∘ (1 - tanh²), in place on the recomputed tanh
-        grad_pre = hidden.mul_(hidden).neg_().add_(1.0).mul_(v_a.to(hidden.dtype)).mul_(grad_e.unsqueeze(-1))
-        return (grad_pre.sum(dim=2).to(W_a_s.dtype), grad_pre.sum(dim=1).to(U_a_h.dtype), grad_v.to(v_a.dtype))
+        # d e / d(pre-activation) = v_a ∘ (1 - tanh²): three passes over the (bsz, G, src_len, n') tensor
+        grad_pre = torch.addcmul(v, v, hidden.mul_(hidden), value=-1.0).mul_(grad_e.unsqueeze(-1))
+        grad_U_a_h = grad_pre.squeeze(1) if grad_pre.size(1) == 1 else grad_pre.sum(dim=1)
+        return grad_pre.sum(dim=2).to(W_a_s.dtype), grad_U_a_h.to(U_a_h.dtype), grad_v.to(v_a.dtype)
 
 
 def _hidden(W_a_s: Tensor, U_a_h: Tensor) -> Tensor:

@@ -116,9 +116,13 @@ class MultiheadAttention(nn.Module):
         # the fused kernel takes dropout as a probability; FairseqDropout says when it applies
         drop = self.dropout_module
         dropout_p = drop.p if self.training or drop.apply_during_inference else 0.0
-        if need_weights:
+        # CPU's fused attention backward in bf16 runs 3-10x slower than in fp32 here (torch 2.13,
+        # AVX512-BF16, no AMX; docs/BENCHMARKS.md): autocast training takes the explicit path
+        explicit = need_weights or (torch.is_grad_enabled() and q.device.type == "cpu"
+                                    and torch.is_autocast_enabled("cpu"))
+        if explicit:
             out, weights = self._attention_with_weights(q, k, v, attn_mask, causal, dropout_p)
-            weights = weights.reshape(num_rows, tgt_len, -1)  # [N, T, S]
+            weights = weights.mean(dim=1).reshape(num_rows, tgt_len, -1) if need_weights else None  # [N, T, S]
         else:
             out = F.scaled_dot_product_attention(  # softmax(QKᵀ/√d_k) V, eq. (1)
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=causal)
@@ -157,16 +161,18 @@ class MultiheadAttention(nn.Module):
 
     def _attention_with_weights(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
                                 causal: bool, dropout_p: float) -> Tuple[Tensor, Tensor]:
-        """Eq. (1) with explicit weights: [B, h, T, d_k] and weights averaged over heads [B, T, S]."""
+        """Eq. (1) with explicit weights: [B, h, T, d_k] and the weights [B, h, T, S]."""
         scores = torch.matmul(q, k.transpose(-2, -1)) * self.d_k**-0.5  # QKᵀ/√d_k: [B, h, T, S]
-        if attn_mask is not None:
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:  # additive
+            scores = scores + attn_mask
         if causal:
             future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
             scores = scores.masked_fill(future, float("-inf"))
         probs = torch.softmax(scores.float(), dim=-1).type_as(scores)  # [B, h, T, S]
         out = torch.matmul(F.dropout(probs, p=dropout_p, training=dropout_p > 0), v)
-        return out, probs.mean(dim=1)
+        return out, probs
 
     def reorder_cache(self, incremental_state: IncrementalState, groups: Tensor,
                       ancestors: Optional[Tensor] = None):
