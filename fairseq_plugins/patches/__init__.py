@@ -9,7 +9,9 @@ from fairseq_plugins.patches import (
     alignment_attention,
     atomic_checkpoints,
     batch_by_size,
+    broadcast_state,
     checkpoint_loading,
+    cpu_launch,
     encoder_fast_path,
     hub_score,
     match_source_len,
@@ -21,8 +23,8 @@ from fairseq_plugins.patches import (
 
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
-           no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk,
-           one_line_errors]
+           no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk, broadcast_state,
+           cpu_launch, one_line_errors]
 
 
 def install_all():
