@@ -21,12 +21,13 @@ from fairseq_plugins.patches import (
     one_line_errors,
     preemption,
     replace_unk,
+    resume_batches,
 )
 
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
            no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk, broadcast_state,
-           cpu_launch, lost_worker, preemption, one_line_errors]
+           cpu_launch, lost_worker, preemption, resume_batches, one_line_errors]
 
 
 def install_all():
