@@ -11,6 +11,7 @@ from fairseq_plugins.patches import (
     batch_by_size,
     broadcast_state,
     checkpoint_loading,
+    cpu_fp16,
     cpu_launch,
     encoder_fast_path,
     hub_score,
@@ -27,7 +28,7 @@ from fairseq_plugins.patches import (
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
            no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk, broadcast_state,
-           cpu_launch, lost_worker, preemption, resume_batches, one_line_errors]
+           cpu_launch, lost_worker, preemption, resume_batches, cpu_fp16, one_line_errors]
 
 
 def install_all():
