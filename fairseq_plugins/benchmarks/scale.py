@@ -66,7 +66,7 @@ def _command(args, cell, argv):
     return [FAIRSEQ_TRAIN, *argv, "--distributed-world-size", str(args.processes)], env
 
 
-def train_run(args, cell, argv, updates: int, deadline: float, work_dir: str) -> dict:
+def train_run(args, cell, argv, updates: int, deadline: float) -> dict:
     """One cell: fairseq-train until warm-up + ``updates`` updates, or until the deadline once
     at least one update is timed. Returns the timed updates and their target words/s."""
     cmd, env = _command(args, cell, argv + ["--max-update", str(args.warmup + updates)])
@@ -126,7 +126,7 @@ def run(args) -> str:
             for cell in CELLS if repeat % 2 == 0 else CELLS[::-1]:
                 began = time.time()
                 deadline = budget.deadline()
-                result = train_run(args, cell, argv[cell[0]], updates or args.updates, deadline, work_dir)
+                result = train_run(args, cell, argv[cell[0]], updates or args.updates, deadline)
                 updates = updates or result["updates"]
                 results[cell].append(result)
                 log(f"repeat {repeat + 1}/{args.repeats}: {_label(args, cell)}: {result['words_per_s']:,.0f} "

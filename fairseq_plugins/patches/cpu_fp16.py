@@ -11,9 +11,9 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq_plugins.errors import ConfigError
 
 
-def call_main(cfg, main, _next=None, **kwargs):
+def call_main(cfg, main, *, _next=None, **kwargs):
     if cfg.common.cpu or not torch.cuda.is_available():
-        for flag in ("fp16", "memory_efficient_fp16"):
+        for flag in ("memory_efficient_fp16", "fp16"):  # the first implies the second
             if cfg.common.get(flag):
                 raise ConfigError(f"--{flag.replace('_', '-')}: fairseq's fp16 training needs a CUDA GPU; on CPU "
                                   "train in fp32, or in bf16 with --criterion label_smoothed_xent --autocast-bf16")
