@@ -28,24 +28,22 @@ class Config:
     container: dict
 
 
-def _plain(obj):
-    if isinstance(obj, DictConfig):
-        return Config(OmegaConf.to_container(obj, resolve=False))
+def _map(obj, leaf):
+    """``obj`` with ``leaf`` applied to every value inside dicts, lists and tuples (as fairseq walks it)."""
     if isinstance(obj, dict):
-        return type(obj)((k, _plain(v)) for k, v in obj.items())
+        return {k: _map(v, leaf) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_plain(v) for v in obj)
-    return obj
+        return type(obj)(_map(v, leaf) for v in obj) if type(obj) in (list, tuple) else obj
+    return leaf(obj)
+
+
+def _plain(obj):
+    return Config(OmegaConf.to_container(obj, resolve=False)) if isinstance(obj, DictConfig) else obj
 
 
 def _restored(obj):
-    if isinstance(obj, Config):
-        return OmegaConf.create(obj.container, flags={"allow_objects": True})  # as load_checkpoint_to_cpu makes it
-    if isinstance(obj, dict):
-        return type(obj)((k, _restored(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_restored(v) for v in obj)
-    return obj
+    # as load_checkpoint_to_cpu makes it
+    return OmegaConf.create(obj.container, flags={"allow_objects": True}) if isinstance(obj, Config) else obj
 
 
 def _weights_only_load(buffer, *args, _torch_load=torch.load, **kwargs):
@@ -62,10 +60,10 @@ def broadcast_object_slow(obj, src_rank, group, dist_device, _fairseq=distribute
     sending = distributed_utils.get_rank(group) == src_rank
     torch.load = _weights_only_load  # fairseq's function calls torch.load by name; only receivers reach it
     try:
-        received = _fairseq(_plain(obj) if sending else None, src_rank, group, dist_device)
+        received = _fairseq(_map(obj, _plain) if sending else None, src_rank, group, dist_device)
     finally:
         torch.load = _weights_only_load.__kwdefaults__["_torch_load"]
-    return obj if sending else _restored(received)
+    return obj if sending else _map(received, _restored)
 
 
 def install():
