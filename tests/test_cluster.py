@@ -216,6 +216,29 @@ def test_sigterm_to_torchrun_stops_its_workers_and_resumes_bit_equal(data_bin, r
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
 
 
+@pytest.mark.slow
+def test_preemption_timeout_bounds_a_stop_that_cannot_happen(data_bin, tmp_path):
+    """Rank 1 is frozen (SIGSTOP), so rank 0 can never agree on a stop with it: after
+    --preemption-timeout it must exit anyway, leaving the last checkpoint as it was."""
+    save = str(tmp_path / "save")
+    procs = start_slurm(data_bin, save, free_port(), tmp_path, "--preemption-timeout", 5, "--save-interval-updates", 1)
+    wait_for_update(tmp_path / "rank0.log", 2, procs)
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    time.sleep(1)  # rank 0 is now waiting for rank 1 in the next update's all-reduce
+    os.kill(procs[0].pid, signal.SIGTERM)
+    sent = time.time()
+    try:
+        assert procs[0].wait(timeout=BOUND) == EXIT_PREEMPTED
+        assert time.time() - sent < 5 + 10
+    finally:
+        procs[1].kill()
+        wait_all(procs)
+    assert last_line(open(tmp_path / "rank0.log").read()) == (
+        "error: SIGTERM: no update boundary reached within --preemption-timeout 5 s; stopped without a new "
+        "checkpoint (a restart resumes from checkpoint_last.pt)")
+    load_state(os.path.join(save, "checkpoint_last.pt"))  # still a whole checkpoint
+
+
 # ------------------------------------------------------------------ a dead worker
 
 @pytest.mark.slow

@@ -66,11 +66,23 @@ def _give_up():
 
 
 def _on_signal(signum, frame):
-    if _State.received is None:
-        _State.received = signal.Signals(signum).name
-        timer = threading.Timer(_State.timeout, _give_up)
-        timer.daemon = True
-        timer.start()
+    """Python's handler: only there to replace the default action (the watcher records the signal)."""
+
+
+def _watch(read_fd):
+    """Record each signal as soon as it arrives, and arm the deadline.
+
+    The main thread runs Python signal handlers only between bytecodes, so one blocked in a
+    collective that a dead or frozen peer never completes would not see the signal at all;
+    ``signal.set_wakeup_fd`` writes the signal's number to a pipe from the C handler instead.
+    """
+    while True:
+        signum = os.read(read_fd, 1)[0]
+        if signum in SIGNALS and _State.received is None:
+            _State.received = signal.Signals(signum).name
+            timer = threading.Timer(_State.timeout, _give_up)
+            timer.daemon = True
+            timer.start()
 
 
 def _stop_agreed(trainer):
@@ -107,6 +119,10 @@ def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch
 def main(cfg, _fairseq=fairseq_train.main, **kwargs):
     """fairseq-train's per-worker ``main`` with the signals turned into a stop at the next update."""
     _State.timeout = _timeout_flag()
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd)
+    threading.Thread(target=_watch, args=(read_fd,), daemon=True).start()
     for signum in SIGNALS:
         signal.signal(signum, _on_signal)
     return _fairseq(cfg, **kwargs)
