@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 
 from fairseq import checkpoint_utils
 from omegaconf import DictConfig, OmegaConf
@@ -53,29 +54,39 @@ def checkpoint_paths(inputs, num_epoch_checkpoints=None, num_update_checkpoints=
     return last_checkpoints(inputs[0], count, pattern, upper_bound)
 
 
+def _tied(model):
+    """``{name: the first name whose tensor is the same view of the same storage}``: the weights a
+    model ties (``--share-all-embeddings``, ``--share-decoder-input-output-embed``) are one stored
+    tensor under several names, and must stay one."""
+    first = {}
+    return {k: first.setdefault((v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape), v.stride()), k)
+            for k, v in model.items()}
+
+
 def average_states(paths):
     """Mean of the model parameters of ``paths``; the other entries of the newest one.
 
-    Sums are kept in float64 so the mean does not depend on the order of the inputs.
+    Sums are kept in float64 so the mean does not depend on the order of the inputs. Tied
+    weights are averaged once and stay shared, so the output stores as many tensors as the inputs.
     """
     sums, reference, reference_path, state = None, None, None, None
     for path in paths:
         state = load_state(path)
         model = state["model"]
-        shapes = {k: tuple(v.shape) for k, v in model.items()}
+        layout = {k: (tuple(v.shape), tied) for (k, v), tied in zip(model.items(), _tied(model).values())}
         if reference is None:
-            reference, reference_path = shapes, path
-            sums = {k: v.double() for k, v in model.items()}
+            reference, reference_path = layout, path
+            sums = {k: v.double() for k, v in model.items() if layout[k][1] == k}
             continue
-        if shapes != reference:
-            differing = sorted(set(shapes.items()) ^ set(reference.items()))[0][0]
+        if layout != reference:
+            differing = sorted(set(layout.items()) ^ set(reference.items()))[0][0]
             raise CheckpointError(
                 f"{path}: parameters differ from {reference_path} (first at '{differing}'): different architectures"
             )
-        for k, v in model.items():
-            sums[k] += v.double()
-    dtypes = {k: v.dtype for k, v in state["model"].items()}
-    state["model"] = {k: (s / len(paths)).to(dtypes[k]) for k, s in sums.items()}
+        for k in sums:
+            sums[k] += model[k].double()
+    averaged = {k: (s / len(paths)).to(state["model"][k].dtype) for k, s in sums.items()}
+    state["model"] = {k: averaged[tied] for k, (_, tied) in reference.items()}
     state["last_optimizer_state"] = None
     return state
 
@@ -137,17 +148,33 @@ def _fsync_directory(directory):
         os.close(fd)
 
 
+def _create_temporary(path):
+    """A new file beside ``path`` under a name no one else holds: ``open(..., "xb")`` is O_CREAT|O_EXCL,
+    which fails on any existing name, a planted symlink included, instead of following it."""
+    for _ in range(100):
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+        try:
+            return tmp, open(tmp, "xb")
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path}: no free temporary name beside it after 100 tries")
+
+
 @contextlib.contextmanager
 def atomic_write(path):
     """Yield a binary file; on success it becomes ``path`` in one rename, else ``path`` is untouched.
 
-    A failure (``ENOSPC``, ``EFBIG``, ``EDQUOT``, ...) removes the ``.tmp`` file and raises
+    The bytes go to a new file of a unique name in ``path``'s folder (so concurrent writers and
+    names planted there are never written through), then ``os.replace`` puts it in place, which
+    replaces a symlink standing at ``path`` rather than writing where it points. A failure
+    (``ENOSPC``, ``EFBIG``, ``EDQUOT``, ...) removes the temporary file and raises
     :class:`CheckpointError`, one line naming the file and the cause.
     """
-    tmp = path + ".tmp"
+    tmp = None
     try:
         try:
-            with open(tmp, "wb") as f:
+            tmp, f = _create_temporary(path)
+            with f:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
@@ -156,5 +183,5 @@ def atomic_write(path):
             raise _failure(path, e) from None
         _fsync_directory(os.path.dirname(path))
     finally:
-        if os.path.lexists(tmp):
+        if tmp is not None and os.path.lexists(tmp):
             os.remove(tmp)

@@ -6,7 +6,7 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.data import Dictionary
 
-from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
+from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion, label_smoothed_xent
 from fairseq_plugins.errors import ConfigError
 
 
@@ -101,3 +101,37 @@ def test_bad_epsilon_is_a_config_error():
     d, _, _ = make_batch()
     with pytest.raises(ConfigError, match="--label-smoothing 1.5"):
         LabelSmoothedXentCriterion(Task(d), label_smoothing=1.5)
+
+
+class Tempered(FixedLogits):
+    """A model whose distribution is not the softmax of its output (as with an adaptive softmax)."""
+
+    def get_normalized_probs(self, net_output, log_probs, sample=None):
+        return torch.log_softmax(net_output[0].float() / 2, dim=-1)
+
+
+def test_loss_uses_the_models_own_distribution():
+    d, logits, sample = make_batch()
+    loss, _, log = LabelSmoothedXentCriterion(Task(d), label_smoothing=0.0)(Tempered(logits), sample)
+    target = sample["target"].view(-1)
+    keep = target.ne(d.pad())
+    lprobs = torch.log_softmax(logits.detach().view(-1, len(d)) / 2, dim=-1)
+    expected = -lprobs[keep].gather(1, target[keep].unsqueeze(1)).sum()
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-6, atol=1e-5)
+    plain = -torch.log_softmax(logits.detach().view(-1, len(d)), -1)[keep].gather(1, target[keep].unsqueeze(1)).sum()
+    assert not torch.isclose(loss.detach(), plain)  # the softmax of the logits would give another loss
+
+
+@pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny", "rnnencdec_tiny", "seq2seq_lstm_tiny",
+                                  "transformer", "lstm"])
+def test_loss_of_suite_and_builtin_models_is_that_of_the_log_softmax_of_their_logits(arch):
+    """What the criterion computed before it asked the model: the same numbers, bit for bit."""
+    from test_bf16 import DICT, batch, build
+    from test_bf16 import Task as ModelTask
+
+    model, sample = build(arch).eval(), batch()
+    loss, _, log = LabelSmoothedXentCriterion(ModelTask, label_smoothing=0.1)(model, sample)
+    logits = model(**sample["net_input"])[0].float()
+    lprobs = torch.log_softmax(logits, dim=-1).view(-1, logits.size(-1))
+    ref_loss, ref_nll = label_smoothed_xent(lprobs, sample["target"].view(-1), 0.1, DICT.pad())
+    assert torch.equal(loss, ref_loss) and torch.equal(log["nll_loss"], ref_nll)

@@ -6,7 +6,9 @@ so these tests do not depend on any model family of the suite.
 import json
 import math
 import os
+import re
 import shutil
+import zipfile
 
 import pytest
 import torch
@@ -88,6 +90,37 @@ def test_average_is_the_mean_and_generates(run_dir, tmp_path):
     out = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", avg, "--beam", "2", "--cpu",
                "--batch-size", "16", "--gen-subset", "valid"])
     assert sum(line.startswith("H-") for line in out.splitlines()) == 30
+
+
+def stored_tensors(path):
+    """The tensor storages in a torch zip file (a tied weight is stored once)."""
+    with zipfile.ZipFile(path) as f:
+        return sum(re.search(r"/data/\d+$", name) is not None for name in f.namelist())
+
+
+def storages(obj):
+    """The distinct storages of the tensors anywhere in ``obj``."""
+    if torch.is_tensor(obj):
+        return {obj.untyped_storage().data_ptr()}
+    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else []
+    return set().union(*map(storages, values))
+
+
+def test_average_keeps_tied_weights_tied(run_dir, tmp_path):
+    """--share-all-embeddings: encoder and decoder embeddings and the output projection are one
+    tensor; the average must store it once too (it used to store 35 tensors for the input's 33)."""
+    _, save, _ = run_dir
+    avg = str(tmp_path / "avg.pt")
+    run(["fairseq-plugins-average", "--inputs", save, "--num-update-checkpoints", "2", "--output", avg])
+    checkpoint = f"{save}/checkpoint_1_4.pt"
+    averaged = load_state(avg)["model"]
+    tied = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"]
+    assert len({averaged[name].untyped_storage().data_ptr() for name in tied}) == 1
+    stored_model = len(storages(load_state(checkpoint)["model"]))
+    assert len(storages(averaged)) == stored_model < len(averaged)
+    # in the file: the model's tensors plus the few of extra_state (the optimizer state is dropped)
+    others = {k: v for k, v in load_state(avg).items() if k != "model"}
+    assert stored_tensors(avg) == stored_model + len(storages(others))
 
 
 def average_fails(args, output):

@@ -1,6 +1,7 @@
 """Reliability: kill -9 and resume, full disk, corrupt and hostile checkpoints, bad corpora,
 numerical faults. Every test drives the real command-line tools (see docs/RELIABILITY.md).
 """
+import glob
 import hashlib
 import os
 import random
@@ -18,6 +19,7 @@ import pytest
 import torch
 from helpers import TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, first_non_finite_module, run
 
+from fairseq_plugins import checkpoints
 from fairseq_plugins.checkpoints import atomic_write, load_state, save_state
 from fairseq_plugins.patches import atomic_checkpoints
 from fairseq_plugins.errors import CheckpointError
@@ -84,13 +86,19 @@ def test_package_import_makes_fairseq_checkpoint_writes_atomic():
     assert out.split() == ["fairseq_plugins.patches.atomic_checkpoints", "AtomicPathManager"]
 
 
-def test_copy_into_full_disk_raises_one_line_and_keeps_previous_file(tmp_path):
+def test_copy_into_full_disk_raises_one_line_and_keeps_previous_file(tmp_path, monkeypatch):
     """A real ENOSPC: the temporary file is a link to /dev/full, which refuses every write."""
     src, dst = tmp_path / "checkpoint_2_8.pt", tmp_path / "checkpoint_last.pt"
     torch.save({"new": torch.ones(1000)}, src)
     torch.save({"old": torch.zeros(3)}, dst)
     before = sha256(dst)
-    os.symlink("/dev/full", str(dst) + ".tmp")
+
+    def full_disk_temporary(path):
+        tmp = path + ".full.tmp"
+        os.symlink("/dev/full", tmp)
+        return tmp, open(tmp, "wb")
+
+    monkeypatch.setattr(checkpoints, "_create_temporary", full_disk_temporary)
     with pytest.raises(CheckpointError) as error:
         atomic_checkpoints.AtomicPathManager.copy(str(src), str(dst), overwrite=True)
     message = str(error.value)
@@ -98,6 +106,35 @@ def test_copy_into_full_disk_raises_one_line_and_keeps_previous_file(tmp_path):
     assert "(ENOSPC)" in message and "intact" in message
     assert sha256(dst) == before
     assert sorted(os.listdir(tmp_path)) == ["checkpoint_2_8.pt", "checkpoint_last.pt"]
+
+
+def test_planted_symlinks_are_never_written_through(tmp_path):
+    """A symlink at the old fixed temporary name, or at the checkpoint's own name, pointing at a
+    file of the user's: the save must leave that file alone and put a regular file in place."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    last = tmp_path / "checkpoint_last.pt"
+    os.symlink(victim, str(last) + ".tmp")
+    atomic_checkpoints.torch_persistent_save({"step": torch.ones(3)}, str(last))
+    assert victim.read_bytes() == b"precious" and os.readlink(str(last) + ".tmp") == str(victim)
+    assert not last.is_symlink() and torch.equal(torch.load(last)["step"], torch.ones(3))
+
+    os.remove(last)
+    os.symlink(victim, last)
+    atomic_checkpoints.torch_persistent_save({"step": torch.zeros(3)}, str(last))
+    assert victim.read_bytes() == b"precious"
+    assert not last.is_symlink() and torch.equal(torch.load(last)["step"], torch.zeros(3))
+
+
+def test_concurrent_writes_of_one_name_use_their_own_temporary_files(tmp_path):
+    target = tmp_path / "checkpoint_last.pt"
+    with atomic_write(str(target)) as first:
+        with atomic_write(str(target)) as second:
+            assert first.name != second.name and os.path.dirname(first.name) == str(tmp_path)
+            first.write(b"first")
+            second.write(b"second")
+        assert target.read_bytes() == b"second"
+    assert target.read_bytes() == b"first" and os.listdir(tmp_path) == ["checkpoint_last.pt"]
 
 
 def test_interrupted_save_removes_its_temporary_file_and_leaves_target(tmp_path):
@@ -130,7 +167,8 @@ def test_kill_9_in_the_middle_of_a_write_leaves_the_previous_file(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", child, str(target)], env=cli_env())
     assert proc.returncode == -signal.SIGKILL
-    assert os.path.getsize(str(target) + ".tmp") == 100000  # the kill came mid-save
+    (tmp,) = glob.glob(str(target) + ".*.tmp")
+    assert os.path.getsize(tmp) == 100000  # the kill came mid-save
     assert sha256(target) == before
     assert torch.equal(torch.load(target)["old"], torch.zeros(3))
 
@@ -138,14 +176,14 @@ def test_kill_9_in_the_middle_of_a_write_leaves_the_previous_file(tmp_path):
 # ------------------------------------------------------------------ 1. kill -9 and resume
 
 # Runs fairseq-train in this process after slowing down one thing: the copy onto
-# checkpoint_last.pt.tmp writes 64 KiB, then stalls, so that the test can kill -9 the trainer
+# checkpoint_last.pt's temporary file writes 64 KiB, then stalls, so that the test can kill -9 the trainer
 # with a half-written temporary file on disk. The kill itself is real.
 STALL_ON_LAST_CHECKPOINT_COPY = """
-import shutil, sys, time
+import os, shutil, sys, time
 from fairseq_cli.train import cli_main
 copyfileobj = shutil.copyfileobj
 def stalling_copyfileobj(src, dst, length=0):
-    if dst.name.endswith("checkpoint_last.pt.tmp"):
+    if os.path.basename(dst.name).startswith("checkpoint_last.pt.") and dst.name.endswith(".tmp"):
         dst.write(src.read(1 << 16)); dst.flush(); time.sleep(300)
     copyfileobj(src, dst, length)
 shutil.copyfileobj = stalling_copyfileobj
@@ -210,9 +248,8 @@ KILL_RESUME_ARCHS = {
 def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path, data_bin, arch):
     arch_args = KILL_RESUME_ARCHS[arch]
     total, every = 12, 3  # 8 updates per epoch: saves mid-epoch and at epoch ends
-    # fairseq builds an epoch's batches from the epoch the process started in unless
-    # --update-epoch-batch-itr rebuilds them every epoch (see the next test).
-    resumable = ["--save-interval-updates", every, "--update-epoch-batch-itr", "True"]
+    # The kills fall in epochs 1 and 2: resumes in epoch 2 need the suite's resume_batches patch (see the next test).
+    resumable = ["--save-interval-updates", every]
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     context = f"(kill moments drawn with random.Random({seed}))"
@@ -228,9 +265,13 @@ def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path, data_bin, arch):
     assert_loads_if_present(last)
     # 2nd kill: during the write of checkpoint_last.pt (a half-written .tmp is on disk).
     stalled = [sys.executable, "-c", STALL_ON_LAST_CHECKPOINT_COPY] + args[1:]
-    tmp, started = last + ".tmp", time.time()
-    assert run_until_killed(stalled, lambda lines: os.path.exists(tmp) and os.path.getsize(tmp) > 0
-                            and os.path.getmtime(tmp) >= started), context
+    started = time.time()
+
+    def half_written():
+        return [t for t in glob.glob(last + ".*.tmp") if os.path.getsize(t) > 0 and os.path.getmtime(t) >= started]
+
+    assert run_until_killed(stalled, lambda lines: half_written()), context
+    (tmp,) = half_written()
     assert 0 < os.path.getsize(tmp) < os.path.getsize(os.path.join(straight, "checkpoint_last.pt"))
     resumed_from = assert_loads_if_present(last)
     saved = [num_updates(load_state(os.path.join(killed, name))) for name in os.listdir(killed)
@@ -273,12 +314,13 @@ def epoch_batches(data_bin, start_epoch, epoch):
     return batches
 
 
-def test_fairseq_default_batches_depend_on_the_epoch_the_process_started_in(data_bin):
-    """Why the kill/resume test passes --update-epoch-batch-itr: without it, a run resumed in
-    epoch 2 trains on other batches than the run that went through epoch 1."""
+def test_a_process_started_in_epoch_2_groups_the_batches_as_one_started_in_epoch_1(data_bin):
+    """fairseq alone groups the reused batches with seed + the epoch the process started in, so a run
+    resumed in epoch 2 trained on other batches (same sentences, other groups); the suite's
+    patches/resume_batches.py groups them as epoch 1 did, in every process."""
     through_epoch_1, resumed_in_epoch_2 = epoch_batches(data_bin, 1, 2), epoch_batches(data_bin, 2, 2)
-    assert sorted(sum(through_epoch_1, [])) == sorted(sum(resumed_in_epoch_2, []))  # the same sentences...
-    assert sorted(map(sorted, through_epoch_1)) != sorted(map(sorted, resumed_in_epoch_2))  # ...grouped otherwise
+    assert through_epoch_1 == resumed_in_epoch_2
+    assert epoch_batches(data_bin, 1, 1) != through_epoch_1  # ...and the epoch still shuffles their order
 
 
 # ------------------------------------------------------------------ 2. full disk
@@ -319,11 +361,11 @@ def test_averaging_onto_full_disk_fails_cleanly(tmp_path, short_run):
     output = str(tmp_path / "avg.pt")
     torch.save({"old": torch.zeros(3)}, output)
     before = sha256(output)
-    os.symlink("/dev/full", output + ".tmp")
     out = run_failing(["fairseq-plugins-average", "--inputs", os.path.join(short_run, "checkpoint_last.pt"),
-                       os.path.join(short_run, "checkpoint_1_3.pt"), "--output", output])
+                       os.path.join(short_run, "checkpoint_1_3.pt"), "--output", output],
+                      preexec_fn=limit_file_size(os.path.getsize(os.path.join(short_run, "checkpoint_last.pt")) // 4))
     assert last_line(out).startswith(
-        f"fairseq-plugins-average: error: {output}: checkpoint not saved: No space left on device (ENOSPC);")
+        f"fairseq-plugins-average: error: {output}: checkpoint not saved: File too large (EFBIG);")
     assert sha256(output) == before and sorted(os.listdir(tmp_path)) == ["avg.pt"]
 
 

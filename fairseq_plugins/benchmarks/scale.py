@@ -5,8 +5,8 @@ corpus and training flags, criterion ``label_smoothed_xent``):
 
 * model: the suite's ``vaswani_transformer`` and fairseq's ``transformer`` of identical size;
 * precision: fp32, and bf16 through the criterion's ``--autocast-bf16`` (both models);
-* layout: 1 process × N threads with ``--update-freq N``, and N processes × 1 thread through
-  ``scripts/train_cpu_distributed.sh`` (gloo). Both make the same updates from the same batches
+* layout: 1 process × N threads with ``--update-freq N``, and N processes × 1 thread started by
+  ``fairseq-train --distributed-world-size N --cpu`` (fairseq's spawn, gloo). Both make the same updates from the same batches
   (``--max-tokens`` is per process; see docs/SCALE.md).
 
 Each cell's figure is fairseq's own logged speed: target words over seconds of the updates
@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,6 @@ from fairseq_plugins.benchmarks.harness import Budget, log
 from fairseq_plugins.benchmarks.presets import (
     MODELS,
     PRESETS,
-    USER_DIR,
     _dictionaries,
     _same_file,
     pair_flags,
@@ -45,7 +43,6 @@ from fairseq_plugins.analysis.report import markdown_table
 from fairseq_plugins.benchmarks.report import PAIR_LABELS, describe_run
 from fairseq_plugins.errors import PluginError
 
-SCRIPT = os.path.join(os.path.dirname(USER_DIR), "scripts", "train_cpu_distributed.sh")
 FAIRSEQ_TRAIN = shutil.which("fairseq-train", path=os.path.dirname(sys.executable)) or "fairseq-train"
 PRECISIONS = ("fp32", "bf16")
 LAYOUTS = ("1 process", "N processes")
@@ -56,13 +53,7 @@ BUDGET_MINUTES = {"tiny": 2}
 HANG_SECONDS = 300  # a run still going this long after its deadline is stopped as hung
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _command(args, cell, argv, work_dir):
+def _command(args, cell, argv):
     """The command line and environment of one cell."""
     _, precision, layout = cell
     argv = argv + (["--autocast-bf16"] if precision == "bf16" else [])
@@ -70,16 +61,16 @@ def _command(args, cell, argv, work_dir):
     if layout == "1 process":
         env["OMP_NUM_THREADS"] = str(args.processes)
         return [FAIRSEQ_TRAIN, *argv, "--update-freq", str(args.processes)], env
-    env.update(OMP_NUM_THREADS="1", PORT=str(_free_port()), FAIRSEQ_TRAIN=FAIRSEQ_TRAIN,
-               LOG_DIR=os.path.join(work_dir, "ranks"))  # ranks > 0 log there
-    return ["bash", SCRIPT, str(args.processes), *argv], env
+    env["OMP_NUM_THREADS"] = "1"
+    # fairseq's spawn on CPU (patches/cpu_launch): rank 0 logs the training lines
+    return [FAIRSEQ_TRAIN, *argv, "--distributed-world-size", str(args.processes)], env
 
 
-def train_run(args, cell, argv, updates: int, deadline: float, work_dir: str) -> dict:
+def train_run(args, cell, argv, updates: int, deadline: float) -> dict:
     """One cell: fairseq-train until warm-up + ``updates`` updates, or until the deadline once
     at least one update is timed. Returns the timed updates and their target words/s."""
-    cmd, env = _command(args, cell, argv + ["--max-update", str(args.warmup + updates)], work_dir)
-    # own process group: stopping the run stops every worker of the distributed script
+    cmd, env = _command(args, cell, argv + ["--max-update", str(args.warmup + updates)])
+    # own process group: stopping the run stops every spawned worker
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     watchdog = threading.Timer(max(deadline - time.time(), 0) + HANG_SECONDS, os.killpg, (proc.pid, signal.SIGKILL))
@@ -118,8 +109,6 @@ def train_run(args, cell, argv, updates: int, deadline: float, work_dir: str) ->
 def run(args) -> str:
     start = time.time()
     args.load_at_start = os.getloadavg()[0]
-    if not os.path.isfile(SCRIPT):
-        raise PluginError(f"{SCRIPT} not found: the 2-process runs need a checkout of the repository")
     budget = Budget(args.budget_minutes, len(CELLS) * args.repeats)  # making the corpus counts too
     work_dir = tempfile.mkdtemp(prefix="fairseq-plugins-benchmark-scale-")
     try:
@@ -137,7 +126,7 @@ def run(args) -> str:
             for cell in CELLS if repeat % 2 == 0 else CELLS[::-1]:
                 began = time.time()
                 deadline = budget.deadline()
-                result = train_run(args, cell, argv[cell[0]], updates or args.updates, deadline, work_dir)
+                result = train_run(args, cell, argv[cell[0]], updates or args.updates, deadline)
                 updates = updates or result["updates"]
                 results[cell].append(result)
                 log(f"repeat {repeat + 1}/{args.repeats}: {_label(args, cell)}: {result['words_per_s']:,.0f} "

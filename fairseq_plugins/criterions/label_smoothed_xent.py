@@ -20,7 +20,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from fairseq import metrics, utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
@@ -96,9 +95,10 @@ class LabelSmoothedXentCriterion(FairseqCriterion):
         precision = bf16_autocast(next(model.parameters()).device.type) if self.autocast_bf16 else nullcontext()
         with precision:
             net_output = model(**sample["net_input"])
-        # Softmax in fp32 even when the model runs in half precision.
-        logits = net_output[0].float()
-        lprobs = F.log_softmax(logits, dim=-1).view(-1, logits.size(-1))
+        # The model's own distribution (an adaptive softmax is not a softmax of net_output[0]);
+        # fairseq's decoders take it in fp32 even when the model runs in half precision.
+        lprobs = model.get_normalized_probs(net_output, log_probs=True).float()
+        lprobs = lprobs.view(-1, lprobs.size(-1))
         target = model.get_targets(sample, net_output).view(-1)
         loss, nll_loss = label_smoothed_xent(lprobs, target, self.eps, self.padding_idx)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]

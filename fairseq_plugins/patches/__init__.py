@@ -9,20 +9,26 @@ from fairseq_plugins.patches import (
     alignment_attention,
     atomic_checkpoints,
     batch_by_size,
+    broadcast_state,
     checkpoint_loading,
+    cpu_fp16,
+    cpu_launch,
     encoder_fast_path,
     hub_score,
+    lost_worker,
     match_source_len,
     no_repeat_ngram,
     numerical_faults,
     one_line_errors,
+    preemption,
     replace_unk,
+    resume_batches,
 )
 
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
-           no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk,
-           one_line_errors]
+           no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk, broadcast_state,
+           cpu_launch, lost_worker, preemption, resume_batches, cpu_fp16, one_line_errors]
 
 
 def install_all():

@@ -7,7 +7,7 @@ torch >= 2.6 loads with ``weights_only=True`` by default, and fairseq's
 * allows exactly the classes fairseq checkpoints contain (``add_safe_globals``), so
   ``fairseq-generate --path X.pt`` and resuming from ``checkpoint_last.pt`` work with
   the protection against crafted pickles still on;
-* makes fairseq's loader use ``weights_only=True`` on older torch too (2.4, 2.5), where
+* makes fairseq's loaders (``load_checkpoint_to_cpu``, ``load_ema_from_checkpoint``) use ``weights_only=True`` on older torch too (2.4, 2.5), where
   the default would still unpickle arbitrary code;
 * turns a refused, truncated or foreign file into :class:`CheckpointError`, a one-line
   message naming the file, which fairseq's command-line tools print without a traceback.
@@ -76,8 +76,15 @@ def load_checkpoint_to_cpu(path, *args, _fairseq_loader=checkpoint_utils.load_ch
         return _fairseq_loader(path, *args, **kwargs)
 
 
+def load_ema_from_checkpoint(path, _fairseq_loader=checkpoint_utils.load_ema_from_checkpoint):
+    """fairseq's EMA loader (``torch.load`` of its own), weights-only too."""
+    with _weights_only_torch_load():
+        return _fairseq_loader(path)
+
+
 def install():
     if hasattr(torch.serialization, "add_safe_globals"):
         torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
     if checkpoint_utils.load_checkpoint_to_cpu is not load_checkpoint_to_cpu:
         checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    checkpoint_utils.load_ema_from_checkpoint = load_ema_from_checkpoint

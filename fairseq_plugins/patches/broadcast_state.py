@@ -1,0 +1,72 @@
+"""Ranks > 0 receive a resumed checkpoint as safely as rank 0 reads it.
+
+In ``Trainer.load_checkpoint`` only rank 0 reads the file (through the suite's weights-only
+loader); the other ranks get the state from ``fairseq.distributed.utils.broadcast_object``,
+whose ``_broadcast_object_slow`` unpickles the bytes with a plain ``torch.load``. Under
+torch >= 2.6 that load is weights-only and refuses what fairseq put there: the
+``omegaconf`` ``DictConfig`` of ``state["cfg"]`` and fairseq's ``_TensorPlaceholder``; so every
+multi-worker resume died on rank 1. (Turning weights-only off would let rank 0's bytes run
+code on every worker.)
+
+Here the sender turns each ``DictConfig`` into plain containers inside a :class:`Config`
+marker, the receiver loads the bytes weights-only with the checkpoint allowlist plus these
+two data classes, and rebuilds the ``DictConfig`` as fairseq's loader makes it.
+"""
+import dataclasses
+
+import torch
+from fairseq.distributed import utils as distributed_utils
+from omegaconf import DictConfig, OmegaConf
+
+from fairseq_plugins.errors import CheckpointError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """An omegaconf config on the wire, as plain containers."""
+
+    container: dict
+
+
+def _map(obj, leaf):
+    """``obj`` with ``leaf`` applied to every value inside dicts, lists and tuples (as fairseq walks it)."""
+    if isinstance(obj, dict):
+        return {k: _map(v, leaf) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map(v, leaf) for v in obj) if type(obj) in (list, tuple) else obj
+    return leaf(obj)
+
+
+def _plain(obj):
+    return Config(OmegaConf.to_container(obj, resolve=False)) if isinstance(obj, DictConfig) else obj
+
+
+def _restored(obj):
+    # as load_checkpoint_to_cpu makes it
+    return OmegaConf.create(obj.container, flags={"allow_objects": True}) if isinstance(obj, Config) else obj
+
+
+def _weights_only_load(buffer, *args, _torch_load=torch.load, **kwargs):
+    kwargs["weights_only"] = True
+    try:
+        return _torch_load(buffer, *args, **kwargs)
+    except Exception as e:
+        raise CheckpointError(f"the state broadcast by rank 0 was refused by the weights-only loader "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def broadcast_object_slow(obj, src_rank, group, dist_device, _fairseq=distributed_utils._broadcast_object_slow):
+    """fairseq's pickle broadcast, loaded weights-only on the receiving ranks."""
+    sending = distributed_utils.get_rank(group) == src_rank
+    torch.load = _weights_only_load  # fairseq's function calls torch.load by name; only receivers reach it
+    try:
+        received = _fairseq(_map(obj, _plain) if sending else None, src_rank, group, dist_device)
+    finally:
+        torch.load = _weights_only_load.__kwdefaults__["_torch_load"]
+    return obj if sending else _map(received, _restored)
+
+
+def install():
+    if hasattr(torch.serialization, "add_safe_globals"):
+        torch.serialization.add_safe_globals([Config, distributed_utils._TensorPlaceholder])
+    distributed_utils._broadcast_object_slow = broadcast_object_slow

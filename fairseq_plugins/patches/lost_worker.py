@@ -1,0 +1,108 @@
+"""A worker that dies never leaves the others waiting: they stop with one line naming it.
+
+With gloo, a worker killed during training makes its peers' next collective fail
+("Connection closed by peer", a traceback from inside torch), and a worker that hangs without
+dying (stopped, or its machine unreachable) makes them wait for the process group's timeout,
+30 minutes by default. Here:
+
+* at start-up the workers exchange their process ids and host ids (one all-gather of integers);
+* a collective that fails becomes :class:`LostWorker`, one line naming the lost rank (a rank on
+  this host whose process is gone; with two workers, the other one) and where a restart resumes;
+* fairseq's ``--heartbeat-timeout S`` (otherwise only a watchdog on the forward pass) also
+  becomes the process group's timeout, so a silent peer ends the run after S seconds.
+"""
+import datetime
+import functools
+import os
+import socket
+import zlib
+
+import torch
+import torch.distributed as dist
+from fairseq.distributed import utils as distributed_utils
+
+from fairseq_plugins.errors import PluginError
+
+PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out",
+                 "Connection refused")
+
+
+class LostWorker(PluginError, RuntimeError):
+    """A peer worker died or stopped answering during training."""
+
+
+class _Peers:
+    pids = None  # [(pid, host id)] by rank, once the process group is up
+
+
+def _host_id():
+    return zlib.crc32(socket.gethostname().encode())
+
+
+def _exchange_pids(cfg):
+    world = dist.get_world_size()
+    mine = torch.tensor([os.getpid(), _host_id()], dtype=torch.int64)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    _Peers.pids = [tuple(t.tolist()) for t in everyone]
+    return cfg
+
+
+def _gone(pid):
+    """Whether process ``pid`` of this host has ended (a zombie counts: its launcher has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def lost_ranks():
+    """The ranks known to be gone: on this host, those whose process ended; of two workers, the other."""
+    if not _Peers.pids:
+        return []
+    me = dist.get_rank() if dist.is_initialized() else None
+    here = _host_id()
+    gone = [r for r, (pid, host) in enumerate(_Peers.pids) if r != me and host == here and _gone(pid)]
+    if not gone and len(_Peers.pids) == 2 and me is not None:
+        gone = [1 - me]
+    return gone
+
+
+def _report(error, cfg):
+    ranks = lost_ranks()
+    who = f"rank {', '.join(map(str, ranks))}" if ranks else "a worker on another host"
+    cause = next(s for s in PEER_FAILURES if s in str(error))
+    save_dir = cfg.checkpoint.save_dir
+    return LostWorker(f"lost {who} of {cfg.distributed_training.distributed_world_size} during training "
+                      f"(gloo: {cause}); stopped; restart all workers with the same command to resume from "
+                      f"{os.path.join(save_dir, 'checkpoint_last.pt')}")
+
+
+def distributed_init(cfg, _fairseq=distributed_utils.distributed_init):
+    """fairseq's process-group set-up, with ``--heartbeat-timeout`` as the collectives' timeout."""
+    timeout = cfg.distributed_training.heartbeat_timeout
+    if timeout <= 0 or dist.is_initialized():
+        return _fairseq(cfg)
+    real = dist.init_process_group
+    dist.init_process_group = functools.partial(real, timeout=datetime.timedelta(seconds=timeout))
+    try:
+        return _fairseq(cfg)
+    finally:
+        dist.init_process_group = real
+
+
+def distributed_main(i, main, cfg, kwargs, _fairseq=distributed_utils.distributed_main):
+    chained = kwargs.pop("after_distributed_init_fn", None)
+    kwargs["after_distributed_init_fn"] = lambda c: _exchange_pids(chained(c) if chained else c)
+    try:
+        return _fairseq(i, main, cfg, kwargs)
+    except RuntimeError as e:
+        if isinstance(e, PluginError) or not any(s in str(e) for s in PEER_FAILURES):
+            raise
+        raise _report(e, cfg) from None
+
+
+def install():
+    distributed_utils.distributed_init = distributed_init
+    distributed_utils.distributed_main = distributed_main

@@ -1,0 +1,286 @@
+"""Multi-worker training as users launch it on a cluster, with CPU gloo workers on 127.0.0.1
+standing in for GPUs: torchrun, SLURM tasks, fairseq's spawn; preemption; a dead worker.
+
+The oracle of every run is one process with ``--update-freq 2`` (:func:`reference`), which
+2 workers must reproduce bit for bit (tolerance 0; why it is exact: tests/test_distributed.py).
+Every worker runs with 1 thread, ``--dropout 0`` and one seed. A stopped run is restarted with
+the command that started it, and must end bit-equal too: weights, Adam's state, update count.
+"""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import torch
+from helpers import BIN, USER_DIR, cli_env, run
+
+from fairseq_plugins.checkpoints import load_state
+
+TOTAL = 16  # updates: 4 epochs of 4 updates (2 batches of --max-tokens 600 each)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+EXIT_PREEMPTED = 75
+BOUND = 60  # seconds a stop or a lost worker may take (the default --preemption-timeout)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flags(data, save_dir, *extra, updates=TOTAL):
+    return [data, "--user-dir", USER_DIR, "--arch", "vaswani_transformer_tiny", "--dropout", "0",
+            "--criterion", "label_smoothed_xent", "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "600",
+            "--max-update", str(updates), "--seed", "1", "--save-dir", save_dir, "--disable-validation",
+            "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", "--cpu", *map(str, extra)]
+
+
+def torchrun(port):
+    return [os.path.join(BIN, "torchrun"), "--nproc-per-node", "2", "--master-port", str(port),
+            os.path.join(BIN, "fairseq-train")]
+
+
+def slurm_env(rank, tasks=2):
+    return {**ONE_THREAD, "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": str(tasks), "SLURM_NNODES": "1",
+            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"}
+
+
+def start(cmd, env, log):
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([str(c) for c in cmd], env=cli_env(env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def start_slurm(data, save_dir, port, tmp_path, *extra, updates=TOTAL):
+    """Two SLURM tasks as srun starts them: the same command, SLURM_PROCID 0 and 1."""
+    return [start(["fairseq-train", *flags(data, save_dir, "--distributed-port", port, *extra, updates=updates)],
+                  slurm_env(rank), tmp_path / f"rank{rank}.log") for rank in (0, 1)]
+
+
+def wait_all(procs, timeout=300):
+    return [p.wait(timeout=timeout) for p in procs]
+
+
+def updates_logged(log):
+    found = re.findall(r"num_updates=(\d+)", open(log).read())
+    return int(found[-1]) if found else 0
+
+
+def wait_for_update(log, update, procs, timeout=240):
+    """Poll the log until it reports ``update``; return the last update seen."""
+    end = time.time() + timeout
+    while time.time() < end:
+        seen = updates_logged(log)
+        if seen >= update:
+            return seen
+        assert all(p.poll() is None for p in procs), open(log).read()[-3000:]
+        time.sleep(0.02)
+    raise AssertionError(f"update {update} never logged in {timeout} s")
+
+
+def num_updates(state):
+    return state["optimizer_history"][-1]["num_updates"]
+
+
+def assert_equal_runs(path, reference_path):
+    a, b = load_state(reference_path), load_state(path)
+    assert num_updates(a) == num_updates(b) == TOTAL
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        diff = (a["model"][name] - b["model"][name]).abs().max().item()
+        assert torch.equal(a["model"][name], b["model"][name]), f"{name}: max |difference| {diff}"
+    for i, moments in a["last_optimizer_state"]["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["last_optimizer_state"]["state"][i][key]))
+    assert a["extra_state"]["train_iterator"] == b["extra_state"]["train_iterator"]
+
+
+@pytest.fixture(scope="module")
+def reference(data_bin, tmp_path_factory):
+    """checkpoint_last.pt of 1 process × --update-freq 2, TOTAL updates."""
+    save = str(tmp_path_factory.mktemp("reference"))
+    run(["fairseq-train", *flags(data_bin, save, "--update-freq", 2)], env=ONE_THREAD)
+    return os.path.join(save, "checkpoint_last.pt")
+
+
+# ------------------------------------------------------------------ launchers
+
+@pytest.mark.slow
+def test_torchrun_two_workers_equal_one_process_with_update_freq_2(data_bin, reference, tmp_path):
+    save = str(tmp_path / "save")
+    log = run([*torchrun(free_port()), *flags(data_bin, save)], env=ONE_THREAD)
+    assert "distributed init (rank 0): env://" in log and "distributed init (rank 1): env://" in log
+    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+@pytest.mark.slow
+def test_slurm_tasks_equal_one_process_with_update_freq_2(data_bin, reference, tmp_path):
+    save = str(tmp_path / "save")
+    procs = start_slurm(data_bin, save, free_port(), tmp_path)
+    assert wait_all(procs) == [0, 0], open(tmp_path / "rank0.log").read()[-3000:]
+    assert "distributed init (rank 1): tcp://localhost:" in open(tmp_path / "rank1.log").read()
+    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+@pytest.mark.slow
+def test_fairseq_spawn_on_cpu_equals_one_process_with_update_freq_2(data_bin, reference, tmp_path):
+    save = str(tmp_path / "save")
+    log = run(["fairseq-train", *flags(data_bin, save, "--distributed-world-size", 2)], env=ONE_THREAD)
+    assert "distributed init (rank 0): tcp://127.0.0.1:" in log
+    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+def last_line(text):
+    return [line for line in text.splitlines() if line.strip()][-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["slurm without a port", "torchrun with another world size", "fp16", "memory-efficient-fp16"])
+def test_impossible_launches_stop_at_once_with_one_line(data_bin, tmp_path, case):
+    save = str(tmp_path / "save")
+    if case == "slurm without a port":
+        cmd, env = ["fairseq-train", *flags(data_bin, save)], slurm_env(0)
+        expected = "error: SLURM job of 2 tasks: pass --distributed-port PORT (a free port on localhost, "
+    elif case == "torchrun with another world size":
+        cmd, env = [*torchrun(free_port()), *flags(data_bin, save, "--distributed-world-size", 3)], ONE_THREAD
+        expected = "error: --distributed-world-size 3: torchrun started 2 workers; drop the flag"
+    else:
+        cmd, env = ["fairseq-train", *flags(data_bin, save, f"--{case}")], ONE_THREAD
+        expected = f"error: --{case}: fairseq's fp16 training needs a CUDA GPU; on CPU train in fp32"
+    proc = run(cmd, env=env, check=False)
+    assert proc.returncode != 0
+    lines = [line.split("]: ", 1)[-1] for line in proc.stdout.splitlines()]  # torchrun prefixes "[rankN]: "
+    assert any(line.startswith(expected) for line in lines), proc.stdout[-3000:]
+    if "torchrun" not in case:
+        assert "Traceback" not in proc.stdout and last_line(proc.stdout).startswith(expected)
+    assert not os.path.exists(os.path.join(save, "checkpoint_last.pt"))
+
+
+# ------------------------------------------------------------------ preemption
+
+def preempt_and_restart(launch, signal_to, signum, log):
+    """Start ``launch()``, send ``signum`` once update 2 is logged, check the stop, restart, return the stop update."""
+    procs = launch()
+    seen = wait_for_update(log, 2, procs)
+    sent = time.time()
+    os.kill(signal_to(procs), signum)
+    codes = wait_all(procs, timeout=BOUND + 30)
+    assert time.time() - sent < BOUND
+    text = open(log).read()
+    stop = re.search(r"preempted \((\w+|signal to another worker)\): saved (\S+) at update (\d+); rerun the same "
+                     rf"command to resume \(exit status {EXIT_PREEMPTED}\)", text)
+    assert stop, text[-3000:]
+    update = int(stop.group(3))
+    assert seen <= update < TOTAL
+    assert num_updates(load_state(stop.group(2))) == update
+    assert wait_all(launch()) == [0] * len(procs), open(log).read()[-3000:]
+    assert f"@ {update} updates)" in open(log).read()  # fairseq's "Loaded checkpoint" line
+    return codes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_one_worker_preempted_saves_and_resumes_bit_equal(data_bin, reference, tmp_path, signum):
+    save, log = str(tmp_path / "save"), tmp_path / "train.log"
+
+    def launch():
+        return [start(["fairseq-train", *flags(data_bin, save, "--update-freq", 2)], ONE_THREAD, log)]
+
+    assert preempt_and_restart(launch, lambda procs: procs[0].pid, signum, log) == [EXIT_PREEMPTED]
+    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+@pytest.mark.slow
+def test_signal_to_one_of_two_slurm_tasks_stops_both_at_one_update(data_bin, reference, tmp_path):
+    """SIGUSR1 reaches rank 1 only: rank 0 must stop at the same update (else a collective hangs)."""
+    save, port = str(tmp_path / "save"), free_port()
+    codes = preempt_and_restart(lambda: start_slurm(data_bin, save, port, tmp_path), lambda procs: procs[1].pid,
+                                signal.SIGUSR1, tmp_path / "rank0.log")
+    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED]
+    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_its_workers_and_resumes_bit_equal(data_bin, reference, tmp_path):
+    save, log, port = str(tmp_path / "save"), tmp_path / "train.log", free_port()
+
+    def launch():
+        return [start([*torchrun(port), *flags(data_bin, save)], ONE_THREAD, log)]
+
+    codes = preempt_and_restart(launch, lambda procs: procs[0].pid, signal.SIGTERM, log)
+    assert codes[0] != 0  # torchrun's own status (its workers exit with 75)
+    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+@pytest.mark.slow
+def test_preemption_timeout_bounds_a_stop_that_cannot_happen(data_bin, tmp_path):
+    """Rank 1 is frozen (SIGSTOP), so rank 0 can never agree on a stop with it: after
+    --preemption-timeout it must exit anyway, leaving the last checkpoint as it was."""
+    save = str(tmp_path / "save")
+    procs = start_slurm(data_bin, save, free_port(), tmp_path, "--preemption-timeout", 5, "--save-interval-updates", 1)
+    wait_for_update(tmp_path / "rank0.log", 2, procs)
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    time.sleep(1)  # rank 0 is now waiting for rank 1 in the next update's all-reduce
+    os.kill(procs[0].pid, signal.SIGTERM)
+    sent = time.time()
+    try:
+        assert procs[0].wait(timeout=BOUND) == EXIT_PREEMPTED
+        assert time.time() - sent < 5 + 10
+    finally:
+        procs[1].kill()
+        wait_all(procs)
+    assert last_line(open(tmp_path / "rank0.log").read()) == (
+        "error: SIGTERM: no update boundary reached within --preemption-timeout 5 s; stopped without a new "
+        "checkpoint (a restart resumes from checkpoint_last.pt)")
+    load_state(os.path.join(save, "checkpoint_last.pt"))  # still a whole checkpoint
+
+
+# ------------------------------------------------------------------ a dead worker
+
+@pytest.mark.slow
+def test_kill_9_of_one_worker_ends_the_other_with_one_line_and_both_resume(data_bin, reference, tmp_path):
+    save, port = str(tmp_path / "save"), free_port()
+    procs = start_slurm(data_bin, save, port, tmp_path, "--save-interval-updates", 4)
+    wait_for_update(tmp_path / "rank0.log", 5, procs)
+    os.kill(procs[1].pid, signal.SIGKILL)
+    killed = time.time()
+    code = procs[0].wait(timeout=BOUND + 30)
+    assert time.time() - killed < BOUND
+    wait_all(procs)
+    text = open(tmp_path / "rank0.log").read()
+    assert code == 1 and "Traceback" not in text, text[-3000:]
+    assert re.search(r"error: lost rank 1 of 2 during training \(gloo: [^)]*\); stopped; restart all workers with "
+                     r"the same command to resume from \S+checkpoint_last\.pt$", last_line(text)), text[-3000:]
+    resumed_from = num_updates(load_state(os.path.join(save, "checkpoint_last.pt")))
+    assert 4 <= resumed_from < TOTAL
+
+    assert wait_all(start_slurm(data_bin, save, port, tmp_path, "--save-interval-updates", 4)) == [0, 0]
+    assert f"@ {resumed_from} updates)" in open(tmp_path / "rank0.log").read()
+    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+# ------------------------------------------------------------------ resume across epochs and world sizes
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first,second,stop", [
+    ("1 process", "1 process", 6),  # the middle of epoch 2
+    ("2 workers", "1 process", 8),  # the end of epoch 2, on another world size
+    ("1 process", "2 workers", 4),  # the end of epoch 1
+])
+def test_resume_in_a_later_epoch_is_bit_equal(data_bin, reference, tmp_path, first, second, stop):
+    """fairseq alone grouped a resumed epoch's batches from another seed (7e-3 after 4 updates)."""
+    save = str(tmp_path / "save")
+
+    def train(layout, updates):
+        if layout == "1 process":
+            return run(["fairseq-train", *flags(data_bin, save, "--update-freq", 2, updates=updates)], env=ONE_THREAD)
+        return run([*torchrun(free_port()), *flags(data_bin, save, updates=updates)], env=ONE_THREAD)
+
+    train(first, stop)
+    log = train(second, TOTAL)
+    assert f"(epoch {stop // 4 + 1} @ {stop} updates)" in log
+    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
