@@ -27,6 +27,7 @@ def trained(request, data_bin, tmp_path_factory):
     extra = ["--updates-per-epoch", "2", "--halve-after-epochs", "1"] if arch.startswith("seq2seq") else []
     log = run(["bash", script, data_bin, "--arch", arch, "--save-dir", save_dir, *TINY_TRAIN, *extra])
     assert "done training" in log
+    assert f"{arch}: initialisation paper (" in log  # the paper's recipe runs the paper's init
     if arch.startswith("seq2seq"):  # lr 0.7 halved at update 2, then every update (half of 2)
         assert "num_updates 4 | lr 0.0875" in log
     return arch, os.path.join(save_dir, "checkpoint_last.pt")

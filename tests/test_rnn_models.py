@@ -216,7 +216,7 @@ def test_maxout_takes_the_max_of_consecutive_pairs():
 def test_paper_initialisation_statistics():
     sizes = dict(encoder_embed_dim=40, encoder_hidden_size=50, decoder_embed_dim=40, decoder_hidden_size=60,
                  attention_hidden_size=70, maxout_dim=30)
-    model = build("rnnsearch_tiny", randomize=False, **sizes)
+    model = build("rnnsearch_tiny", randomize=False, init="paper", **sizes)
     params = dict(model.named_parameters())
     recurrent = [k for k in params if k.endswith((".U_zr.weight", ".U.weight"))]
     assert len(recurrent) == 4  # encoder and decoder U_zr, U
@@ -237,6 +237,16 @@ def test_paper_initialisation_statistics():
         assert emb.weight[PAD].abs().max() == 0
     pytorch = build("rnnsearch_tiny", randomize=False, init="pytorch", **sizes)
     assert pytorch.decoder.cell.W.bias.abs().max() > 0  # PyTorch defaults are not the paper's
+
+
+@pytest.mark.parametrize("arch", ["rnnsearch", "rnnsearch_tiny", "rnnencdec", "rnnencdec_tiny"])
+def test_gru_models_default_to_pytorch_initialisation(arch):
+    """Issue 18: the paper's N(0, 0.01²) barely learns in short Adam runs, so it is opt-in."""
+    W_o = build(arch, randomize=False).decoder.W_o
+    # PyTorch's nn.Linear: weight and bias from U(-1/√fan_in, 1/√fan_in); the paper's: N(0, 0.01²) and 0
+    bound = 1 / math.sqrt(W_o.in_features)
+    assert 0 < W_o.bias.abs().max() <= bound
+    assert abs(W_o.weight.std().item() - bound / math.sqrt(3)) < 0.1 * bound
 
 
 def test_seq2seq_paper_initialisation_is_uniform_008():

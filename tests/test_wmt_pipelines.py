@@ -414,6 +414,7 @@ def test_rnn_dry_run_has_bahdanau_recipe(arch):
         assert f["--arch"] == arch and f["--batch-size"] == batch
         assert (f["--optimizer"], f["--adadelta-rho"], f["--adadelta-eps"], f["--clip-norm"]) == ("adadelta", "0.95", "1e-6", "1.0")
         assert f["--criterion"] == "cross_entropy" and f["--sentence-avg"] is True
+        assert f["--init"] == "paper"  # appendix B.1, not the models' default (PyTorch's)
         limit = str(int(variant) + 1)  # the words plus </s>
         assert f["--max-source-positions"] == limit and f["--max-target-positions"] == limit
         assert cmd[1].endswith("wmt14_en_fr/data-bin/words30k") and f["--save-dir"].endswith(f"{arch}{variant}")
@@ -429,7 +430,7 @@ def test_seq2seq_dry_run_has_sutskever_recipe():
     assert f["--arch"] == "seq2seq_lstm" and f["--batch-size"] == "16" and "= 128 sentences" in notes[0]
     assert (f["--optimizer"], f["--lr"], f["--momentum"], f["--clip-norm"]) == ("sgd", "0.7", "0.0", "5.0")
     assert (f["--lr-scheduler"], f["--halve-after-epochs"], f["--halve-every-epochs"]) == ("sutskever_halving", "5", "0.5")
-    assert f["--sentence-avg"] is True and cmd[1].endswith("data-bin/words160k")
+    assert f["--sentence-avg"] is True and cmd[1].endswith("data-bin/words160k") and f["--init"] == "paper"
 
 
 @pytest.mark.slow

@@ -106,13 +106,14 @@ sentence_batch() {
 # rnn_recipe ARCH MAX_WORDS [fairseq-train flags...]
 # Bahdanau et al. (2015) appendix B.2, for RNNsearch and the RNNencdec baseline: Adadelta
 # (rho 0.95, eps 1e-6), 80 sentences per update, gradient norm clipped at 1, the loss of a
-# batch averaged over its sentences; trained on pairs of up to MAX_WORDS words (-30, -50).
+# batch averaged over its sentences; trained on pairs of up to MAX_WORDS words (-30, -50);
+# the paper's initialisation (appendix B.1: --init paper; the models' default is PyTorch's).
 rnn_recipe() {
     local arch=$1 max_words=$2
     shift 2
     sentence_batch 80
     # fairseq counts the </s> every sentence ends with: MAX_WORDS words + </s>.
-    run_train --arch "$arch" \
+    run_train --arch "$arch" --init paper \
         --optimizer adadelta --adadelta-rho 0.95 --adadelta-eps 1e-6 --lr 1.0 --clip-norm 1.0 \
         --criterion cross_entropy --sentence-avg \
         --batch-size "$BATCH_SIZE" --max-source-positions $((max_words + 1)) --max-target-positions $((max_words + 1)) \
@@ -127,7 +128,7 @@ rnn_recipe() {
 # (of the loss averaged over the batch's sentences) clipped at 5.
 seq2seq_recipe() {
     sentence_batch 128
-    run_train --arch seq2seq_lstm \
+    run_train --arch seq2seq_lstm --init paper \
         --optimizer sgd --momentum 0.0 --lr 0.7 --clip-norm 5.0 \
         --lr-scheduler sutskever_halving --halve-after-epochs 5 --halve-every-epochs 0.5 \
         --criterion cross_entropy --sentence-avg \

@@ -10,7 +10,8 @@
 # Paper: Adadelta (rho 0.95, eps 1e-6; torch's Adadelta takes lr 1.0 for the original rule),
 # 80 sentences per minibatch, gradient L2 norm clipped at 1 on the per-sentence mean cost
 # (--sentence-avg), sentences of up to MAXLEN words (fairseq counts the EOS: MAXLEN + 1 tokens),
-# plain maximum likelihood (no label smoothing). fairseq's batches are already made of
+# plain maximum likelihood (no label smoothing), the paper's initialisation (appendix B.1,
+# --init paper; the models' default is PyTorch's, which suits short Adam runs). fairseq's batches are already made of
 # sentences of similar length (the paper sorts 1600 pairs every 20 updates). No dropout.
 # The flags are examples/common/train_recipes.sh's rnn_recipe, as for the WMT'14 pipelines.
 set -euo pipefail

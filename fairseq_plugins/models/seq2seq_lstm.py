@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.models._initialisation import log_initialisation
 from fairseq_plugins.models.rnn_common import EncoderOut, check_positive, reorder_batch_first
 
 
@@ -190,6 +191,7 @@ class Seq2SeqLSTMModel(FairseqEncoderDecoderModel):
             with torch.no_grad():
                 for p in model.parameters():
                     p.uniform_(-0.08, 0.08)  # "initialized ... uniform distribution between -0.08 and 0.08"
+        log_initialisation(args.arch, args.init, "Sutskever et al. §3.4, uniform in [-0.08, 0.08]")
         return model
 
 

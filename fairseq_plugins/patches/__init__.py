@@ -17,6 +17,7 @@ from fairseq_plugins.patches import (
     hub_score,
     lost_worker,
     match_source_len,
+    max_len_warning,
     no_repeat_ngram,
     numerical_faults,
     one_line_errors,
@@ -28,7 +29,8 @@ from fairseq_plugins.patches import (
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
            no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk, broadcast_state,
-           cpu_launch, lost_worker, preemption, resume_batches, cpu_fp16, one_line_errors]
+           cpu_launch, lost_worker, preemption, resume_batches, cpu_fp16, max_len_warning,
+           one_line_errors]
 
 
 def install_all():
