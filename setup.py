@@ -14,6 +14,7 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-plot-curves": "plot_curves",
     "fairseq-plugins-score": "score",
     "fairseq-plugins-tokenize": "tokenize",
+    "fairseq-plugins-catalog-corpus": "catalog_corpus",
 }
 
 setup(
