@@ -1,0 +1,119 @@
+"""Issue 18's measurement: which initialisation should RNNsearch/RNNencdec default to?
+
+    python examples/defaults/run.py --work WORK --data NAME=DATA_BIN[:SRC-TGT[:bpe]] ... \
+        [--runs NAME,...] [--max-update 300]
+
+Trains each run (a model x init x recipe, below) for the same number of updates on each
+corpus, validates every --valid-every updates, translates the test set with beam 4 and
+fairseq-generate's default length limit (200 tokens: what a user gets), and writes
+WORK/<corpus>/<run>/{train.log,generate.txt,result.json}. Re-running skips finished runs.
+"""
+import argparse
+import json
+import os
+import subprocess
+import re
+import sys
+
+import sacrebleu
+
+import fairseq_plugins
+
+from fairseq_plugins.analysis.generate_output import read_generate
+
+USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
+
+# The tiny archs' sizes (embeddings 32, GRUs 64, alignment 64, maxout 32) and fairseq's lstm at
+# the same sizes: the issue's 256/512 took ~15 s per update on the shared 2-core machine.
+MODELS = {
+    "lstm": ["--arch", "lstm", "--encoder-embed-dim", "32", "--encoder-hidden-size", "64", "--encoder-bidirectional",
+             "--decoder-embed-dim", "32", "--decoder-hidden-size", "64", "--decoder-out-embed-dim", "32"],
+    "rnnsearch": ["--arch", "rnnsearch_tiny"],
+    "rnnencdec": ["--arch", "rnnencdec_tiny"],
+}
+RECIPES = {  # the README's Adam recipe (as in the issue) and Bahdanau et al.'s appendix B.2
+    "adam": ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
+             "--warmup-updates", "300", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+             "--max-tokens", "4096"],
+    "adadelta": ["--optimizer", "adadelta", "--lr", "1.0", "--adadelta-rho", "0.95", "--adadelta-eps", "1e-6",
+                 "--batch-size", "80", "--clip-norm", "1", "--sentence-avg", "--criterion", "cross_entropy"],
+}
+
+
+def run_flags(name):
+    """'rnnsearch-paper-adam' -> fairseq-train flags; 'lstm-adam' has no --init."""
+    parts = name.split("-")
+    model, recipe = parts[0], parts[-1]
+    init = ["--init", parts[1]] if len(parts) == 3 else []
+    return [*MODELS[model], *init, *RECIPES[recipe]]
+
+
+def call(cmd, log):
+    with open(log, "w") as f:
+        if subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT) != 0:
+            sys.exit(f"error: {cmd[0]} failed, see {log}")
+
+
+def detokenize(lines, lang):
+    from sacremoses import MosesDetokenizer
+
+    md = MosesDetokenizer(lang=lang)
+    return [md.detokenize(line.split()) for line in lines]
+
+
+def train_minutes(log):
+    """fairseq-train's own wall clock at its last logged line (``wall=`` / ``| wall N``)."""
+    walls = re.findall(r"wall[= ](\d+)", open(log).read())
+    return round(int(walls[-1]) / 60, 1) if walls else None
+
+
+def train_and_score(work, corpus, data, pair, bpe, name, max_update, valid_every):
+    out = os.path.join(work, corpus, name)
+    if os.path.exists(os.path.join(out, "result.json")):
+        return
+    os.makedirs(out, exist_ok=True)
+    src, tgt = pair.split("-")
+    common = ["--user-dir", USER_DIR, "--cpu", "--source-lang", src, "--target-lang", tgt]
+    log = os.path.join(out, "train.log")
+    trained = os.path.exists(log) and "done training" in open(log).read()
+    if not trained:  # a finished training is kept (an interrupted driver resumes at generation)
+        call(["fairseq-train", data, *common, *run_flags(name), "--max-update", str(max_update), "--seed", "1",
+              "--save-dir", os.path.join(out, "ckpt"), "--no-epoch-checkpoints", "--no-save-optimizer-state",
+              "--validate-interval-updates", str(valid_every), "--log-interval", "10", "--log-format", "simple",
+              "--no-progress-bar", "--num-workers", "0"], log)
+    minutes = train_minutes(log)
+    gen = os.path.join(out, "generate.txt")
+    call(["fairseq-generate", data, *common, "--path", os.path.join(out, "ckpt", "checkpoint_last.pt"),
+          "--gen-subset", "test", "--beam", "4", "--batch-size", "64", *(["--remove-bpe"] if bpe else [])], gen)
+    entries = read_generate(gen)
+    hyps, refs = [e.output for e in entries], [e.ref for e in entries]
+    if bpe:
+        hyps, refs = detokenize(hyps, tgt), detokenize(refs, tgt)
+    hyp_len, ref_len = sum(len(e.output.split()) for e in entries), sum(len(e.ref.split()) for e in entries)
+    result = {"run": name, "corpus": corpus, "updates": max_update, "train_minutes": minutes,
+              "bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+              "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 1),
+              "length_ratio": round(hyp_len / ref_len, 2), "sentences": len(entries),
+              "max_len_warning": "stopped at the maximum length" in open(gen).read()}
+    with open(os.path.join(out, "result.json"), "w") as f:
+        json.dump(result, f)
+    print(json.dumps(result), flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--work", required=True)
+    p.add_argument("--data", action="append", required=True, help="NAME=DATA_BIN:SRC-TGT[:bpe]")
+    p.add_argument("--runs", required=True, help="comma-separated, e.g. lstm-adam,rnnsearch-pytorch-adam")
+    p.add_argument("--max-update", type=int, default=300)
+    p.add_argument("--valid-every", type=int, default=100)
+    args = p.parse_args(argv)
+    for spec in args.data:
+        corpus, rest = spec.split("=", 1)
+        data, pair, *bpe = rest.split(":")
+        for name in args.runs.split(","):
+            train_and_score(args.work, corpus, data, pair, bool(bpe), name, args.max_update, args.valid_every)
+
+
+if __name__ == "__main__":
+    main()
