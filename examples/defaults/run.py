@@ -6,7 +6,7 @@
 Trains each run (a model x init x recipe, below) for the same number of updates on each
 corpus, validates every --valid-every updates, translates the test set with beam 4 and
 fairseq-generate's default length limit (200 tokens: what a user gets), and writes
-WORK/<corpus>/<run>/{train.log,generate.txt,result.json}. Re-running skips finished runs.
+WORK/<corpus>/<run>/{train.log,generate.txt,result.json}. Re-running skips finished runs. ``--report PREFIX`` writes the table and the curves.
 """
 import argparse
 import json
@@ -100,14 +100,46 @@ def train_and_score(work, corpus, data, pair, bpe, name, max_update, valid_every
     print(json.dumps(result), flush=True)
 
 
+def valid_losses(log):
+    """{updates: validation loss (base 2)} from a fairseq-train log."""
+    found = re.findall(r"valid on 'valid' subset \| loss ([\d.]+) .*?\| num_updates (\d+)", open(log).read())
+    return {int(n): float(loss) for loss, n in found}
+
+
+def report(work, out):
+    """OUT.md (one row per finished run) and OUT.png (fairseq-plugins-plot-curves of every run)."""
+    rows, logs = [], []
+    for corpus in sorted(os.listdir(work)):
+        for name in sorted(os.listdir(os.path.join(work, corpus))):
+            folder = os.path.join(work, corpus, name)
+            if not os.path.exists(os.path.join(folder, "result.json")):
+                continue
+            with open(os.path.join(folder, "result.json")) as f:
+                r = json.load(f)
+            valid = valid_losses(os.path.join(folder, "train.log"))
+            rows.append(f"| {corpus} | {name} | {r['updates']} | {r['train_minutes']} | "
+                        + " | ".join(str(valid.get(n, "")) for n in (100, 200, 300, 400))
+                        + f" | {r['bleu']} | {r['chrf']} | {r['length_ratio']} | {'yes' if r['max_len_warning'] else 'no'} |")
+            logs.append(f"--log={corpus}/{name}={os.path.join(folder, 'train.log')}")
+    call([sys.executable, "-m", "fairseq_plugins.cli.plot_curves", *logs, "--out", out], out + ".plot.log")
+    table = ["| corpus | run | updates | training (min) | valid loss @100 | @200 | @300 | @400 | BLEU | chrF | "
+             "hyp/ref length | max-length warning |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|", *rows]
+    with open(out + ".md", "w") as f:
+        f.write("\n".join(table) + "\n")
+    print("\n".join(table))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", required=True)
-    p.add_argument("--data", action="append", required=True, help="NAME=DATA_BIN:SRC-TGT[:bpe]")
-    p.add_argument("--runs", required=True, help="comma-separated, e.g. lstm-adam,rnnsearch-pytorch-adam")
+    p.add_argument("--data", action="append", default=[], help="NAME=DATA_BIN:SRC-TGT[:bpe]")
+    p.add_argument("--runs", default="", help="comma-separated, e.g. lstm-adam,rnnsearch-pytorch-adam")
+    p.add_argument("--report", metavar="PREFIX", help="write PREFIX.md and PREFIX.png from the finished runs")
     p.add_argument("--max-update", type=int, default=300)
     p.add_argument("--valid-every", type=int, default=100)
     args = p.parse_args(argv)
+    if args.report:
+        return report(args.work, args.report)
     for spec in args.data:
         corpus, rest = spec.split("=", 1)
         data, pair, *bpe = rest.split(":")
