@@ -32,7 +32,7 @@ PLACEHOLDER = re.compile(
 )
 POSITIONAL = re.compile(r"^%\d+\$")  # %2$s and %s are the same placeholder type
 MARKUP = re.compile(r"</?[A-Za-z][\w:-]*(?:\s[^<>]*)?/?>|&(?:[a-z]+|#\d+|#x[0-9a-fA-F]+);")
-ACCELERATOR = re.compile(r"(?<![_&\w])[_&](?=\w)|(?<=\w)[_&](?=\w)")
+ACCELERATOR = re.compile(r"(?<![_&])[_&](?=[^\W_])")  # before a letter or digit: _Open, Ö_ffnen, &Save
 LETTER = re.compile(r"[^\W\d_]")
 
 
@@ -123,9 +123,12 @@ def clean(pairs: Sequence[Tuple[str, str]], filters: Filters) -> Tuple[List[Tupl
             counts["context stripped"] += 1
             src = src.split("\x04", 1)[1]
         src, tgt = " ".join(src.split()), " ".join(tgt.split())
-        src, tgt, stripped = strip_accelerator(src, tgt)
-        counts["accelerator stripped"] += stripped
-        reason = rejection(src, tgt, filters)
+        if MARKUP.search(src) or MARKUP.search(tgt):  # before the markers: &amp; is not an accelerator
+            reason = "markup"
+        else:
+            src, tgt, stripped = strip_accelerator(src, tgt)
+            counts["accelerator stripped"] += stripped
+            reason = rejection(src, tgt, filters)
         if reason:
             counts[f"dropped: {reason}"] += 1
         else:
@@ -134,7 +137,9 @@ def clean(pairs: Sequence[Tuple[str, str]], filters: Filters) -> Tuple[List[Tupl
     counts["dropped: duplicate pair"] = sum(sum(t.values()) - len(t) for t in translations.values())
     counts["dropped: other translation of a kept source"] = sum(len(t) - 1 for t in translations.values())
     counts["kept"] = len(kept)
-    return kept, counts
+    drops = sorted((k for k in counts if k.startswith("dropped")), key=lambda k: -counts[k])
+    order = ["read", "context stripped", "accelerator stripped", *drops, "kept"]
+    return kept, Counter({k: counts[k] for k in order})
 
 
 def rejection(src: str, tgt: str, f: Filters) -> str:
@@ -145,8 +150,6 @@ def rejection(src: str, tgt: str, f: Filters) -> str:
         return "identical (untranslated)"
     if not LETTER.search(src) or not LETTER.search(tgt):
         return "no letters"
-    if MARKUP.search(src) or MARKUP.search(tgt):
-        return "markup"
     src_ph, tgt_ph = placeholders(src), placeholders(tgt)
     if f.placeholders == "drop" and (src_ph or tgt_ph):
         return "placeholders"
