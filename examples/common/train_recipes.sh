@@ -35,7 +35,13 @@ train_setup() {
 
 # run_train FLAG...: run (or with DRY_RUN=1 print) fairseq-train on DATA with the flags.
 run_train() {
-    local cmd=()
+    local cmd=() prev=""
+    # A --save-dir among the flags overrides SAVE_DIR for the log file and the folder too.
+    for flag in "$@"; do
+        if [[ $prev == --save-dir ]]; then SAVE_DIR=$flag; fi
+        if [[ $flag == --save-dir=* ]]; then SAVE_DIR=${flag#--save-dir=}; fi
+        prev=$flag
+    done
     if [[ -n ${LAUNCHER:-} ]]; then
         read -r -a cmd <<<"$LAUNCHER"
         cmd+=("$(command -v fairseq-train)")
