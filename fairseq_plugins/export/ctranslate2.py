@@ -28,7 +28,7 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 from omegaconf import OmegaConf
 
-from fairseq_plugins.compat import load_state
+from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import CheckpointError, ConfigError
 
 MODEL = "vaswani_transformer"

@@ -16,17 +16,19 @@ from fairseq.models import (
 )
 from fairseq.modules import FairseqDropout
 from torch import Tensor
+from torch._higher_order_ops.scan import scan
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.rnn_common import EncoderOut, check_positive, reorder_batch_first
 
 
-def run_packed(rnn: nn.Module, x: Tensor, padding_mask: Tensor):
+def run_packed(rnn: nn.LSTM, x: Tensor, padding_mask: Tensor):
     """Run a ``batch_first`` ``nn.LSTM`` over the real tokens of each sentence only.
 
     Padding may be on either side (fairseq left-pads sources): the real tokens are moved to
     the front and packed, so a sentence's final state does not depend on its batch.
+    ``torch.export`` cannot trace packed sequences: it runs :func:`run_masked` instead.
 
     Args:
         x: (bsz, len, C); padding_mask: (bsz, len), True at padding.
@@ -34,12 +36,37 @@ def run_packed(rnn: nn.Module, x: Tensor, padding_mask: Tensor):
     Returns:
         the final state ``(h_n, c_n)``, each (layers, bsz, H).
     """
+    if torch.compiler.is_exporting():
+        return run_masked(rnn, x, padding_mask)
     lengths = (~padding_mask).sum(dim=1)  # (bsz,)
-    front = padding_mask.to(torch.uint8).argsort(dim=1, stable=True)  # real tokens first, in order
+    positions = torch.arange(x.size(1), device=x.device)
+    # real tokens first, in order: distinct sort keys, so no stable sort is needed (ONNX has none)
+    front = (padding_mask.long() * x.size(1) + positions).argsort(dim=1)
     x_front = x.gather(1, front.unsqueeze(2).expand_as(x))
     packed = pack_padded_sequence(x_front, lengths.cpu(), batch_first=True, enforce_sorted=False)
     _, final = rnn(packed)
     return final
+
+
+def run_masked(rnn: nn.LSTM, x: Tensor, padding_mask: Tensor):
+    """:func:`run_packed`'s final states by one ``scan`` over time of ``torch.lstm_cell`` on the
+    LSTM's own weights, each layer's (h, c) kept unchanged over padding (eval mode: no dropout)."""
+    layers = [[getattr(rnn, f"{name}_l{k}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+              for k in range(rnn.num_layers)]
+    state = x.new_zeros(2, rnn.num_layers, x.size(0), rnn.hidden_size)  # (h, c) per layer
+
+    def step(state, inputs):
+        x_t, pad_t = inputs  # (bsz, C), (bsz, 1)
+        new = []
+        for k, weights in enumerate(layers):
+            h, c = torch.lstm_cell(x_t, (state[0, k], state[1, k]), *weights)
+            new.append(torch.stack([h, c]))
+            x_t = h
+        new_state = torch.where(pad_t, state, torch.stack(new, dim=1))
+        return new_state, new_state[0, -1].clone()
+
+    final, _ = scan(step, state, (x.transpose(0, 1), padding_mask.t().unsqueeze(2)))
+    return final[0], final[1]
 
 
 def reverse_source_tokens(src_tokens: Tensor, pad: int, eos: int) -> Tensor:
@@ -108,7 +135,7 @@ class LSTMDecoder(FairseqIncrementalDecoder):
     def extract_features(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None):
         state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
         if state is None:
-            state = {"h": encoder_out["encoder_h"][0], "c": encoder_out["encoder_c"][0]}  # (bsz, layers, H)
+            state = self.initial_cache(encoder_out)
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
         x = self.dropout_module(self.embed_tokens(prev_output_tokens))  # (bsz, tgt_len, d)
@@ -122,6 +149,9 @@ class LSTMDecoder(FairseqIncrementalDecoder):
                 incremental_state, "state", {"h": h_n.transpose(0, 1), "c": c_n.transpose(0, 1)}
             )
         return self.dropout_module(x), {"attn": [None]}
+
+    def initial_cache(self, encoder_out: EncoderOut) -> Dict[str, Tensor]:
+        return {"h": encoder_out["encoder_h"][0], "c": encoder_out["encoder_c"][0]}  # (bsz, layers, H)
 
     def output_layer(self, x: Tensor) -> Tensor:
         return self.fc_out(x)  # plain softmax over the target vocabulary

@@ -1,0 +1,121 @@
+"""``torch.export`` of the suite's models, the route PyTorch recommends for deployment.
+
+    encoder, step = export_model(model)          # two torch.export.ExportedProgram
+    state = encoder.module()(src_tokens)         # tuple, named by state_names(model)
+    log_probs, *state = step.module()(prev_token, *state)
+
+The encoder program maps left-padded ``src_tokens`` [B, S] to the decoder's initial state; the
+step program takes the previous target token [B, 1] and that state and returns the next
+token's log-probabilities [B, V] and the new state, so any search (greedy, beam: reorder the
+state rows with ``index_select``) runs outside. Batch and source length are dynamic
+(``torch.export.Dim``). The recurrent encoders run as one ``scan`` over time when exported
+(the eager code's Python loop and packed sequences cannot be traced for an unknown length);
+each step is the eager model's own code.
+
+Families: ``rnnsearch`` and ``rnnencdec`` (state: ``s`` and the per-sentence context
+tensors), ``seq2seq_lstm`` (``h``, ``c`` per layer). ``vaswani_transformer`` exports its
+encoder (:func:`export_encoder`); its decoder deploys through CTranslate2.
+"""
+from typing import Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.export import Dim, ExportedProgram
+
+from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.models.rnnsearch import ConditionalGRUDecoder
+from fairseq_plugins.models.seq2seq_lstm import LSTMDecoder
+from fairseq_plugins.models.transformer import VaswaniTransformerEncoder
+
+# the incremental-state entry each decoder keeps its state in, and which of its tensors
+# have a source-length dimension (dim 1: RNNsearch's annotations)
+STATES = {ConditionalGRUDecoder: ("cache", {"h", "U_a_h", "padding_mask"}), LSTMDecoder: ("state", set())}
+
+
+def _example_source(dictionary, lengths=(7, 5)) -> Tensor:
+    """Left-padded [B, S] tokens ending in EOS (a padded row, so padding is traced too)."""
+    rows = [[dictionary.pad()] * (max(lengths) - n) + [dictionary.nspecial + i % 5 for i in range(n - 1)]
+            + [dictionary.eos()] for n in lengths]
+    return torch.tensor(rows)
+
+
+def _states(decoder: nn.Module):
+    for cls, states in STATES.items():
+        if isinstance(decoder, cls):
+            return states
+    raise ConfigError(f"{type(decoder).__name__}: no step-wise export for this decoder "
+                      f"(supported: {', '.join(c.__name__ for c in STATES)})")
+
+
+def state_names(model) -> List[str]:
+    """Names of the state tensors, in the order the programs take and return them."""
+    _states(model.decoder)
+    with torch.no_grad():
+        src = _example_source(model.encoder.dictionary)
+        return list(model.decoder.initial_cache(model.encoder(src)))
+
+
+class EncoderProgram(nn.Module):
+    def __init__(self, model, names: List[str]):
+        super().__init__()
+        self.encoder, self.decoder, self.names = model.encoder, model.decoder, names
+
+    def forward(self, src_tokens: Tensor) -> Tuple[Tensor, ...]:
+        state = self.decoder.initial_cache(self.encoder(src_tokens))
+        return tuple(state[name] for name in self.names)
+
+
+class DecoderStepProgram(nn.Module):
+    """One step of the eager decoder, its incremental state built from the inputs."""
+
+    def __init__(self, model, names: List[str]):
+        super().__init__()
+        self.decoder, self.names, self.key = model.decoder, names, _states(model.decoder)[0]
+
+    def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
+        incremental_state: Dict[str, Dict[str, Tensor]] = {}
+        self.decoder.set_incremental_state(incremental_state, self.key, dict(zip(self.names, state)))
+        logits, _ = self.decoder(prev_token, None, incremental_state=incremental_state)
+        new_state = self.decoder.get_incremental_state(incremental_state, self.key)
+        log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)  # as fairseq's get_normalized_probs
+        return (log_probs,) + tuple(new_state[name] for name in self.names)
+
+
+def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
+    """The encoder and decoder-step programs of an RNN-family model (put in eval mode)."""
+    model.eval()
+    names = state_names(model)
+    batch, src_len = Dim("batch", min=1), Dim("src_len", min=1)
+    src = _example_source(model.encoder.dictionary)
+    with torch.no_grad():
+        encoder = torch.export.export(EncoderProgram(model, names), (src,),
+                                      dynamic_shapes=({0: batch, 1: src_len},))
+        state = EncoderProgram(model, names)(src)
+        prev = torch.full((src.size(0), 1), model.decoder.dictionary.eos())
+        with_length = _states(model.decoder)[1]
+        state_shapes = tuple({0: batch, 1: src_len} if name in with_length else {0: batch} for name in names)
+        step = torch.export.export(DecoderStepProgram(model, names), (prev, *state),
+                                   dynamic_shapes=({0: batch}, state_shapes))  # *state: one group
+    return encoder, step
+
+
+class _TransformerEncoderProgram(nn.Module):
+    def __init__(self, encoder: VaswaniTransformerEncoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, src_tokens: Tensor) -> Tuple[Tensor, Tensor]:
+        out = self.encoder(src_tokens)
+        return out["encoder_out"][0], out["encoder_padding_mask"][0]
+
+
+def export_encoder(model) -> ExportedProgram:
+    """``vaswani_transformer``'s encoder: ``src_tokens`` [B, S] -> (encoder_out [B, S, d],
+    padding mask [B, S]); batch and length dynamic."""
+    model.eval()
+    src = _example_source(model.encoder.dictionary)
+    batch, src_len = Dim("batch", min=1), Dim("src_len", min=1, max=model.encoder.max_positions())
+    with torch.no_grad():
+        return torch.export.export(_TransformerEncoderProgram(model.encoder), (src,),
+                                   dynamic_shapes=({0: batch, 1: src_len},))
