@@ -15,6 +15,7 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-score": "score",
     "fairseq-plugins-tokenize": "tokenize",
     "fairseq-plugins-export-ctranslate2": "export_ctranslate2",
+    "fairseq-plugins-benchmark-ctranslate2": "benchmark_ctranslate2",
 }
 
 setup(

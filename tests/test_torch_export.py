@@ -80,13 +80,24 @@ def test_exported_transformer_encoder_equals_eager():
         assert torch.equal(padding_mask, src.eq(DICT.pad()))
 
 
-def test_recurrent_state_over_padding_by_scan_equals_packed_lstm():
+def test_lstm_final_state_by_scan_equals_packed_lstm():
     """The scan that replaces packing under torch.export, run eagerly, against nn.LSTM packed."""
-    from fairseq_plugins.models.seq2seq_lstm import run_masked, run_packed
-
-    rnn = torch.nn.LSTM(4, 5, 2, batch_first=True).eval()
-    x = torch.randn(3, 7, 4)
+    encoder = build("seq2seq_lstm_tiny").encoder
+    x = torch.randn(3, 7, 32)
     padding = batch((7, 2, 5), 6).eq(DICT.pad())
     with torch.no_grad():
-        for ours, packed in zip(run_masked(rnn, x, padding), run_packed(rnn, x, padding)):
-            close(ours, packed)
+        for by_scan, packed in zip(encoder.final_state_by_scan(x, padding), encoder.final_state(x, padding)):
+            close(by_scan, packed)
+
+
+@pytest.mark.parametrize("arch", ["rnnsearch_tiny", "rnnencdec_tiny", "seq2seq_lstm_tiny"])
+def test_scripted_rnn_encoders_equal_eager(arch):
+    model = build(arch)
+    scripted = torch.jit.script(model.encoder)
+    src = batch((9, 4, 6), 7)
+    with torch.no_grad():
+        expected, actual = model.encoder(src), scripted(src)
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        for a, e in zip(actual[key], expected[key]):
+            close(a, e)

@@ -75,6 +75,22 @@ class GRU(nn.Module):
         h_tilde = candidate(Wx_j, self.U(r * h))
         return h + (keep_j * z) * (h_tilde - h)  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j; padding keeps h_{j-1}
 
+    def _recur(self, Wx: Tensor, keep: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
+        if not torch.jit.is_scripting():
+            if torch.compiler.is_exporting():
+                return self._scan(Wx, keep, h)
+        states = []
+        # unbind, not Wx[j]: each indexing's backward would allocate a zero tensor of the whole sequence
+        for Wx_j, keep_j in zip(Wx.unbind(0), keep.unbind(0)):
+            h = self.step(h, Wx_j, keep_j)
+            states.append(h)
+        return h, torch.stack(states, dim=0)
+
+    @torch.jit.unused
+    def _scan(self, Wx: Tensor, keep: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
+        """The same recurrence as one ``scan``: torch.export traces it for a length it does not know."""
+        return scan(lambda h, xs: _carry_and_output(self.step(h, xs[0], xs[1])), h, (Wx, keep))
+
     def forward(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
         """
         Args:
@@ -93,15 +109,7 @@ class GRU(nn.Module):
             Wx = torch.stack((Wx[:, 0], Wx[:, 1].flip(0)), dim=1)
             keep = torch.stack((keep[:, 0], keep[:, 1].flip(0)), dim=1)
         h = x.new_zeros(D, bsz, n)  # h_0 = 0
-        if torch.compiler.is_exporting():  # torch.export: one scan over a length it does not know
-            h, H = scan(lambda h, xs: _carry_and_output(self.step(h, xs[0], xs[1])), h, (Wx, keep))
-        else:
-            states = []
-            # unbind, not Wx[j]: each indexing's backward would allocate a zero tensor of the whole sequence
-            for Wx_j, keep_j in zip(Wx.unbind(0), keep.unbind(0)):
-                h = self.step(h, Wx_j, keep_j)
-                states.append(h)
-            H = torch.stack(states, dim=0)  # (len, D, bsz, n)
+        h, H = self._recur(Wx, keep, h)  # final h (D, bsz, n), every h_j (len, D, bsz, n)
         directions = [H[:, 0]] if D == 1 else [H[:, 0], H[:, 1].flip(0)]
         out = torch.cat(directions, dim=2).transpose(0, 1)  # (bsz, len, D·n)
         return out.masked_fill(padding_mask.unsqueeze(2), 0.0), h
