@@ -35,7 +35,8 @@ VARIANTS = {  # name: (joined dictionary, updates, flags)
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("ct2")
-    raw = make_corpus(str(root / "raw"), train=1000, valid=20, test=100, max_len=10)
+    # 300 test sentences: on 100, one hypothesis changed by int8 moves BLEU by ~0.5
+    raw = make_corpus(str(root / "raw"), train=2000, valid=20, test=300)
     return {"raw": raw, True: preprocess(raw, str(root / "joined")),
             False: preprocess(raw, str(root / "separate"), joined=False), "root": root}
 
@@ -54,14 +55,14 @@ def models(corpus):
 
 
 def fairseq_generate(data, checkpoint, *flags):
-    """{id: (source tokens, hypothesis, score in nats, alignment)} of fairseq-generate --beam 4."""
+    """{id: (source, hypothesis, score in nats, alignment, reference)} of fairseq-generate --beam 4."""
     out = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "4",
                "--batch-size", "32", "--cpu", "--num-workers", "0", *flags])
     rows = {}
-    for kind, i, rest in re.findall(r"^([SHA])-(\d+)\t(.*)$", out, flags=re.M):
+    for kind, i, rest in re.findall(r"^([SHAT])-(\d+)\t(.*)$", out, flags=re.M):
         rows.setdefault(int(i), {})[kind] = rest
-    return {i: (r["S"], r["H"].split("\t")[1], float(r["H"].split("\t")[0]) * math.log(2), r.get("A"))
-            for i, r in rows.items()}  # fairseq prints scores in base 2
+    return {i: (r["S"], r["H"].split("\t")[1], float(r["H"].split("\t")[0]) * math.log(2), r.get("A"),
+                r["T"].replace("<<unk>>", "<unk>")) for i, r in rows.items()}  # scores printed in base 2
 
 
 def translate(model_dir, sources, **options):
@@ -149,8 +150,24 @@ def test_bad_input_is_refused_by_name_and_nothing_is_written(models, corpus, tmp
     _refused([EXPORT, checkpoint, out_dir, "--force"], "not a CTranslate2 model directory")
     assert [p.name for p in out_dir.iterdir()] == ["notes.txt"]
     (out_dir / "notes.txt").unlink()
-    run([EXPORT, checkpoint, out_dir])
+    _refused([EXPORT, checkpoint, out_dir], "--force")  # even an empty one
+    run([EXPORT, checkpoint, out_dir, "--force"])
     _refused([EXPORT, checkpoint, out_dir, "--quantization", "int8"], "--force")
     assert json.loads((out_dir / "config.json").read_text())["decoder_start_token"] == "</s>"
     run([EXPORT, checkpoint, out_dir, "--quantization", "int8", "--force"])
     assert ctranslate2.Translator(str(out_dir)).translate_batch([["a"]])[0].hypotheses
+
+
+def test_benchmark_reports_speed_and_the_bleu_of_fairseq_generate(models, tmp_path):
+    data, checkpoint, _, expected = models["paper-postln-shared"]
+    report = tmp_path / "bench.md"
+    run(["fairseq-plugins-benchmark-ctranslate2", data, checkpoint, "--repeats", "1", "--out", report])
+    rows = {cells[2]: cells for cells in (line.strip("|").split(" | ") for line in report.read_text().splitlines()
+                                          if line.startswith("| paper-postln-shared"))}
+    assert set(rows) == {"fairseq", "ctranslate2 float32", "ctranslate2 int8"}
+    ids = sorted(expected)
+    references = [expected[i][4] for i in ids]  # the binarized references, as the benchmark reads them
+    fairseq_bleu = BLEU().corpus_score([expected[i][1] for i in ids], [references]).score
+    assert float(rows["fairseq"][9]) == pytest.approx(fairseq_bleu, abs=0.01)
+    assert rows["fairseq"][10].strip() == f"{len(ids)}/{len(ids)}"
+    assert all(float(cells[3]) > 0 and float(cells[6]) > 0 for cells in rows.values())

@@ -1,7 +1,9 @@
 """``fairseq-generate`` against CTranslate2 (float32, int8) on the same checkpoints and test set.
 
 For each checkpoint and thread count: sentences/s of beam search over the whole test split
-(median of interleaved repeats, after one untimed warm-up call per engine), BLEU against the
+(median of interleaved repeats, after one untimed warm-up call per engine), by wall time and by
+the process's CPU time (all its threads: on a machine shared with other jobs the CPU time of a
+1-thread run is the measure that load does not distort), BLEU against the
 split's references (sacrebleu, as binarized: unknown words are ``<unk>``) and how many
 hypotheses equal fairseq's. fairseq decodes through ``task.build_generator`` (fairseq-generate's
 SequenceGenerator, batches of ``--batch-size`` sentences by length); CTranslate2 through
@@ -73,18 +75,21 @@ def measure_checkpoint(checkpoint: str, args, work_dir: str) -> List[Dict]:
         for quantization, path in dirs.items():
             translator = ctranslate2.Translator(path, device="cpu", inter_threads=1, intra_threads=threads)
             engines[f"ctranslate2 {quantization}"] = (lambda t: lambda: _ctranslate2(t, sources, args))(translator)
-        times: Dict[str, List[float]] = {name: [] for name in engines}
+        wall: Dict[str, List[float]] = {name: [] for name in engines}
+        cpu: Dict[str, List[float]] = {name: [] for name in engines}
         outputs = {name: run() for name, run in engines.items()}  # warm-up, and the hypotheses
         names = list(engines)
         for repeat in range(args.repeats):  # interleaved, a different engine first each time
             for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()  # CPU time: all threads
                 engines[name]()
-                times[name].append(time.perf_counter() - start)
+                wall[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
         for name in names:
             same = sum(a == b for a, b in zip(outputs[name], outputs["fairseq"]))
             rows.append({"checkpoint": checkpoint, "threads": threads, "engine": name,
-                         "sentences_per_s": [len(sources) / t for t in times[name]],
+                         "sentences_per_s": [len(sources) / t for t in wall[name]],
+                         "sentences_per_cpu_s": [len(sources) / t for t in cpu[name]],
                          "bleu": BLEU().corpus_score(outputs[name], [references]).score,
                          "identical": f"{same}/{len(sources)}"})
     return rows
@@ -97,17 +102,19 @@ def run(args) -> str:
         rows = [row for checkpoint in args.checkpoints for row in measure_checkpoint(checkpoint, args, work_dir)]
     table = []
     for row in rows:
-        speeds = row["sentences_per_s"]
         fairseq = next(r for r in rows if r["checkpoint"] == row["checkpoint"] and r["threads"] == row["threads"]
                        and r["engine"] == "fairseq")
-        speedup = statistics.median(speeds) / statistics.median(fairseq["sentences_per_s"])
-        table.append([os.path.basename(os.path.dirname(row["checkpoint"])) or row["checkpoint"],
-                      str(row["threads"]), row["engine"], f"{statistics.median(speeds):.1f}",
-                      " / ".join(f"{s:.1f}" for s in speeds), f"{speedup:.2f}×", f"{row['bleu']:.2f}",
-                      row["identical"]])
+        cells = [os.path.basename(os.path.dirname(row["checkpoint"])) or row["checkpoint"], str(row["threads"]),
+                 row["engine"]]
+        for key in ("sentences_per_s", "sentences_per_cpu_s"):
+            speed = statistics.median(row[key])
+            cells += [f"{speed:.1f}", " / ".join(f"{s:.1f}" for s in row[key]),
+                      f"{speed / statistics.median(fairseq[key]):.2f}×"]
+        table.append(cells + [f"{row['bleu']:.2f}", row["identical"]])
     lines = [f"# fairseq-generate vs CTranslate2 (beam {args.beam}, max length {args.max_len}, "
              f"batches of {args.batch_size})", ""]
     lines += describe_run(args, time.time() - start) + [""]
-    lines += markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat",
-                             "vs fairseq", "BLEU", "hypotheses = fairseq's"], table)
+    lines += markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat", "vs fairseq",
+                             "sentences per CPU-second (median)", "per repeat", "vs fairseq", "BLEU",
+                             "hypotheses = fairseq's"], table)
     return "\n".join(lines) + "\n"
