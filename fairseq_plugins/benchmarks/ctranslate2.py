@@ -22,7 +22,8 @@ import torch
 from fairseq import checkpoint_utils
 from sacrebleu.metrics import BLEU
 
-from fairseq_plugins.benchmarks.report import describe_run, markdown_table
+from fairseq_plugins.analysis.report import markdown_table
+from fairseq_plugins.benchmarks.report import describe_run
 from fairseq_plugins.export.ctranslate2 import export
 
 ENGINES = ("fairseq", "ctranslate2 float32", "ctranslate2 int8")
@@ -114,7 +115,7 @@ def run(args) -> str:
     lines = [f"# fairseq-generate vs CTranslate2 (beam {args.beam}, max length {args.max_len}, "
              f"batches of {args.batch_size})", ""]
     lines += describe_run(args, time.time() - start) + [""]
-    lines += markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat", "vs fairseq",
-                             "sentences per CPU-second (median)", "per repeat", "vs fairseq", "BLEU",
-                             "hypotheses = fairseq's"], table)
+    lines.append(markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat", "vs fairseq",
+                                 "sentences per CPU-second (median)", "per repeat", "vs fairseq", "BLEU",
+                                 "hypotheses = fairseq's"], table))
     return "\n".join(lines) + "\n"

@@ -3,8 +3,7 @@
 What is measured and how: :mod:`fairseq_plugins.benchmarks.ctranslate2`.
 """
 from fairseq_plugins.benchmarks.ctranslate2 import run
-from fairseq_plugins.cli.common import ArgumentParser
-from fairseq_plugins.cli.common import run as run_cli
+from fairseq_plugins.cli.common import ArgumentParser, cli_main
 
 
 def get_parser() -> ArgumentParser:
@@ -33,7 +32,7 @@ def main(argv=None):
             with open(args.out, "w", encoding="utf-8") as f:
                 f.write(report)
 
-    run_cli(get_parser(), body, argv)
+    cli_main(get_parser, body, argv)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,11 @@
 """fairseq-plugins-export-ctranslate2 CHECKPOINT OUT_DIR [--quantization Q] [--force] [--data DIR]"""
-import argparse
-import sys
-
-from fairseq_plugins.errors import PluginError
+from fairseq_plugins.cli.common import ArgumentParser, cli_main
+from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.export.ctranslate2 import QUANTIZATIONS, export
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
+def get_parser() -> ArgumentParser:
+    parser = ArgumentParser(
         prog="fairseq-plugins-export-ctranslate2",
         description="Write a vaswani_transformer checkpoint as a CTranslate2 model directory "
                     "(weights, config.json, source/target vocabularies).")
@@ -19,15 +17,20 @@ def main(argv=None):
     parser.add_argument("--data", metavar="DIR",
                         help="directory with dict.SRC.txt/dict.TGT.txt (default: the checkpoint's "
                              "training data directory)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def body(args):
     try:
-        export(args.checkpoint, args.out_dir, args.quantization, args.force, args.data)
-    except PluginError as e:
-        sys.exit(f"{parser.prog}: error: {e}")
-    except ImportError as e:
-        sys.exit(f"{parser.prog}: error: {e.name or 'ctranslate2'} is not installed: "
-                 'pip install "fairseq-plugins[deploy]"')
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        raise ConfigError('ctranslate2 is not installed: pip install "fairseq-plugins[deploy]"') from None
+    export(args.checkpoint, args.out_dir, args.quantization, args.force, args.data)
     print(f"wrote {args.out_dir} ({args.quantization or 'float32'})")
+
+
+def main(argv=None):
+    cli_main(get_parser, body, argv)
 
 
 if __name__ == "__main__":
