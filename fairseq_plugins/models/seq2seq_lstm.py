@@ -3,7 +3,7 @@ fairseq model ``seq2seq_lstm``: two different deep LSTMs, the encoder's final (h
 layer initialise the decoder's, no attention, plain softmax, and the source fed reversed.
 Facts: docs/PAPERS.md. Tensors are batch-first.
 """
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -16,31 +16,12 @@ from fairseq.models import (
 )
 from fairseq.modules import FairseqDropout
 from torch import Tensor
+from torch._higher_order_ops.scan import scan
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models._initialisation import log_initialisation
 from fairseq_plugins.models.rnn_common import EncoderOut, check_positive, reorder_batch_first
-
-
-def run_packed(rnn: nn.Module, x: Tensor, padding_mask: Tensor):
-    """Run a ``batch_first`` ``nn.LSTM`` over the real tokens of each sentence only.
-
-    Padding may be on either side (fairseq left-pads sources): the real tokens are moved to
-    the front and packed, so a sentence's final state does not depend on its batch.
-
-    Args:
-        x: (bsz, len, C); padding_mask: (bsz, len), True at padding.
-
-    Returns:
-        the final state ``(h_n, c_n)``, each (layers, bsz, H).
-    """
-    lengths = (~padding_mask).sum(dim=1)  # (bsz,)
-    front = padding_mask.to(torch.uint8).argsort(dim=1, stable=True)  # real tokens first, in order
-    x_front = x.gather(1, front.unsqueeze(2).expand_as(x))
-    packed = pack_padded_sequence(x_front, lengths.cpu(), batch_first=True, enforce_sorted=False)
-    _, final = rnn(packed)
-    return final
 
 
 def reverse_source_tokens(src_tokens: Tensor, pad: int, eos: int) -> Tensor:
@@ -78,9 +59,56 @@ class LSTMEncoder(FairseqEncoder):
         padding_mask = src_tokens.eq(self.padding_idx)
         x = self.dropout_module(self.embed_tokens(src_tokens))  # (bsz, src_len, d)
         self.rnn.training = self.training or self.dropout_module.apply_during_inference  # see LSTMDecoder
-        h_n, c_n = run_packed(self.rnn, x, padding_mask)  # (layers, bsz, H) each
+        h_n, c_n = self.final_state(x, padding_mask)  # (layers, bsz, H) each
         # batch-first so that reordering is one index_select(0) for every entry
         return {"encoder_h": [h_n.transpose(0, 1)], "encoder_c": [c_n.transpose(0, 1)]}
+
+    def final_state(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
+        """Run the LSTM over the real tokens of each sentence only.
+
+        Padding may be on either side (fairseq left-pads sources): the real tokens are moved to
+        the front and packed, so a sentence's final state does not depend on its batch.
+        ``torch.export`` cannot trace packed sequences: it runs :meth:`final_state_by_scan`.
+
+        Args:
+            x: (bsz, len, C); padding_mask: (bsz, len), True at padding.
+
+        Returns:
+            the final state ``(h_n, c_n)``, each (layers, bsz, H).
+        """
+        if not torch.jit.is_scripting():
+            if torch.compiler.is_exporting():
+                return self.final_state_by_scan(x, padding_mask)
+        lengths = (~padding_mask).sum(dim=1)  # (bsz,)
+        positions = torch.arange(x.size(1), device=x.device)
+        # real tokens first, in order: distinct sort keys, so no stable sort is needed (ONNX has none)
+        front = (padding_mask.long() * x.size(1) + positions).argsort(dim=1)
+        x_front = x.gather(1, front.unsqueeze(2).expand_as(x))
+        packed = pack_padded_sequence(x_front, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        _, final = self.rnn(packed)
+        return final
+
+    @torch.jit.unused
+    def final_state_by_scan(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
+        """:meth:`final_state` by one ``scan`` over time of ``torch.lstm_cell`` on the LSTM's own
+        weights, each layer's (h, c) kept unchanged over padding (eval mode: no dropout)."""
+        rnn = self.rnn
+        layers = [[getattr(rnn, f"{name}_l{k}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+                  for k in range(rnn.num_layers)]
+        state = x.new_zeros(2, rnn.num_layers, x.size(0), rnn.hidden_size)  # (h, c) per layer
+
+        def step(state, inputs):
+            x_t, pad_t = inputs  # (bsz, C), (bsz, 1)
+            new = []
+            for k, weights in enumerate(layers):
+                h, c = torch.lstm_cell(x_t, (state[0, k], state[1, k]), *weights)
+                new.append(torch.stack([h, c]))
+                x_t = h
+            new_state = torch.where(pad_t, state, torch.stack(new, dim=1))
+            return new_state, new_state[0, -1].clone()
+
+        final, _ = scan(step, state, (x.transpose(0, 1), padding_mask.t().unsqueeze(2)))
+        return final[0], final[1]
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
         return reorder_batch_first(encoder_out, new_order)
@@ -109,7 +137,7 @@ class LSTMDecoder(FairseqIncrementalDecoder):
     def extract_features(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None):
         state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
         if state is None:
-            state = {"h": encoder_out["encoder_h"][0], "c": encoder_out["encoder_c"][0]}  # (bsz, layers, H)
+            state = self.initial_cache(encoder_out)
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
         x = self.dropout_module(self.embed_tokens(prev_output_tokens))  # (bsz, tgt_len, d)
@@ -123,6 +151,9 @@ class LSTMDecoder(FairseqIncrementalDecoder):
                 incremental_state, "state", {"h": h_n.transpose(0, 1), "c": c_n.transpose(0, 1)}
             )
         return self.dropout_module(x), {"attn": [None]}
+
+    def initial_cache(self, encoder_out: EncoderOut) -> Dict[str, Tensor]:
+        return {"h": encoder_out["encoder_h"][0], "c": encoder_out["encoder_c"][0]}  # (bsz, layers, H)
 
     def output_layer(self, x: Tensor) -> Tensor:
         return self.fc_out(x)  # plain softmax over the target vocabulary

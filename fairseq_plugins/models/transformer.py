@@ -100,10 +100,11 @@ class VaswaniTransformerEncoder(FairseqEncoder):
             d_model, args.encoder_ffn_embed_dim, args.encoder_attention_heads, args.dropout, args.attention_dropout,
             args.activation_dropout, args.encoder_normalize_before))
 
-    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, **unused) -> EncoderOut:
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
         """src_tokens: [B, S], left-padded."""
         padding_mask = src_tokens.eq(self.padding_idx)  # [B, S]
-        has_pads = bool(padding_mask.any())
+        # no mask for a batch without padding (faster attention); torch.export cannot branch on data
+        has_pads = torch.compiler.is_exporting() or bool(padding_mask.any())
         attn_mask = ~padding_mask[:, None, None, :] if has_pads else None  # [B, 1, 1, S]
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # √d·E x + PE
         x = self.dropout_module(x)

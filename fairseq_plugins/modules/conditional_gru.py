@@ -3,7 +3,7 @@ papers' GRU (:mod:`fairseq_plugins.modules.gru`) whose gates and candidate also 
 """
 from torch import Tensor, nn
 
-from fairseq_plugins.modules.gru import gru_gates
+from fairseq_plugins.modules.gru import candidate, update_reset_gates
 
 
 class ConditionalGRUCell(nn.Module):
@@ -38,5 +38,7 @@ class ConditionalGRUCell(nn.Module):
 
     def forward(self, W_Ey: Tensor, C_c: Tensor, s_prev: Tensor) -> Tensor:
         """``W_Ey``, ``C_c``: (bsz, 3n) projections; ``s_prev``: (bsz, n). Returns s_i (bsz, n)."""
-        z, s_tilde = gru_gates(W_Ey + C_c, s_prev, self.U_zr(s_prev), self.U)
+        x = W_Ey + C_c
+        z, r = update_reset_gates(x, self.U_zr(s_prev))
+        s_tilde = candidate(x, self.U(r * s_prev))  # s̃_i = tanh(W E y_{i-1} + U [r_i ∘ s_{i-1}] + C c_i)
         return s_prev + z * (s_tilde - s_prev)  # s_i = (1 - z_i) ∘ s_{i-1} + z_i ∘ s̃_i

@@ -19,14 +19,25 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 from torch import Tensor
+from torch._higher_order_ops.scan import scan
 
 
-def gru_gates(x: Tensor, h_prev: Tensor, U_zr_h: Tensor, U: nn.Module) -> Tuple[Tensor, Tensor]:
-    """z_j and h̃_j from the non-recurrent projections ``x`` (..., 3n), ``h_{j-1}`` and ``U_zr h_{j-1}``."""
-    n = h_prev.size(-1)
-    z, r = torch.sigmoid(x[..., : 2 * n] + U_zr_h).chunk(2, dim=-1)  # z_j, r_j
-    h_tilde = torch.tanh(x[..., 2 * n :] + U(r * h_prev))  # h̃_j = tanh(W x_j + U [r_j ∘ h_{j-1}])
-    return z, h_tilde
+def update_reset_gates(x: Tensor, U_zr_h: Tensor) -> Tuple[Tensor, Tensor]:
+    """z_j = σ(W_z x_j + U_z h_{j-1}) and r_j = σ(W_r x_j + U_r h_{j-1}) from the projections
+    ``x`` (..., 3n) and ``U_zr h_{j-1}`` (..., 2n)."""
+    n = U_zr_h.size(-1) // 2
+    z, r = torch.sigmoid(x[..., : 2 * n] + U_zr_h).chunk(2, dim=-1)
+    return z, r
+
+
+def candidate(x: Tensor, U_rh: Tensor) -> Tensor:
+    """h̃_j = tanh(W x_j + U [r_j ∘ h_{j-1}]) from ``x`` (..., 3n) and ``U [r_j ∘ h_{j-1}]``."""
+    return torch.tanh(x[..., 2 * U_rh.size(-1):] + U_rh)
+
+
+def _carry_and_output(h: Tensor) -> Tuple[Tensor, Tensor]:
+    """A scan step's new carry and its per-step output, which must not alias each other."""
+    return h, h.clone()
 
 
 class BatchedLinear(nn.Module):
@@ -58,6 +69,28 @@ class GRU(nn.Module):
         self.U_zr = BatchedLinear(self.directions, hidden_size, 2 * hidden_size)  # [U_z; U_r]
         self.U = BatchedLinear(self.directions, hidden_size, hidden_size)
 
+    def step(self, h: Tensor, Wx_j: Tensor, keep_j: Tensor) -> Tensor:
+        """h_j from h_{j-1} (D, bsz, n), W x_j (D, bsz, 3n) and keep_j (D, bsz, 1): 0 at padding."""
+        z, r = update_reset_gates(Wx_j, self.U_zr(h))
+        h_tilde = candidate(Wx_j, self.U(r * h))
+        return h + (keep_j * z) * (h_tilde - h)  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j; padding keeps h_{j-1}
+
+    def _recur(self, Wx: Tensor, keep: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
+        if not torch.jit.is_scripting():
+            if torch.compiler.is_exporting():
+                return self._scan(Wx, keep, h)
+        states = []
+        # unbind, not Wx[j]: each indexing's backward would allocate a zero tensor of the whole sequence
+        for Wx_j, keep_j in zip(Wx.unbind(0), keep.unbind(0)):
+            h = self.step(h, Wx_j, keep_j)
+            states.append(h)
+        return h, torch.stack(states, dim=0)
+
+    @torch.jit.unused
+    def _scan(self, Wx: Tensor, keep: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
+        """The same recurrence as one ``scan``: torch.export traces it for a length it does not know."""
+        return scan(lambda h, xs: _carry_and_output(self.step(h, xs[0], xs[1])), h, (Wx, keep))
+
     def forward(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
         """
         Args:
@@ -76,13 +109,7 @@ class GRU(nn.Module):
             Wx = torch.stack((Wx[:, 0], Wx[:, 1].flip(0)), dim=1)
             keep = torch.stack((keep[:, 0], keep[:, 1].flip(0)), dim=1)
         h = x.new_zeros(D, bsz, n)  # h_0 = 0
-        states = []
-        # unbind, not Wx[j]: each indexing's backward would allocate a zero tensor of the whole sequence
-        for Wx_j, keep_j in zip(Wx.unbind(0), keep.unbind(0)):
-            z, h_tilde = gru_gates(Wx_j, h, self.U_zr(h), self.U)
-            h = h + (keep_j * z) * (h_tilde - h)  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j; padding keeps h_{j-1}
-            states.append(h)
-        H = torch.stack(states, dim=0)  # (len, D, bsz, n)
+        h, H = self._recur(Wx, keep, h)  # final h (D, bsz, n), every h_j (len, D, bsz, n)
         directions = [H[:, 0]] if D == 1 else [H[:, 0], H[:, 1].flip(0)]
         out = torch.cat(directions, dim=2).transpose(0, 1)  # (bsz, len, D·n)
         return out.masked_fill(padding_mask.unsqueeze(2), 0.0), h

@@ -1,0 +1,184 @@
+"""Write a ``vaswani_transformer`` checkpoint as a CTranslate2 model.
+
+    fairseq-plugins-export-ctranslate2 CHECKPOINT OUT_DIR [--quantization int8] [--force]
+
+The model is described with CTranslate2's own specification classes
+(``ctranslate2.specs.transformer_spec``) and written by its ``Converter`` (validation,
+quantization, ``model.bin``, ``config.json``, vocabularies). What is read from the checkpoint:
+
+* the position table as a weight, whatever its kind (the paper's sinusoids, fairseq's table
+  under ``--fairseq-positions``, learned): CTranslate2 adds row p to the p-th token, which is
+  our row ``padding_idx + 1 + p``;
+* the embedding scale √d_model (``embed_scale`` of each side);
+* post-LN (the paper; no final LayerNorm) or pre-LN (a final LayerNorm) per side;
+* shared or separate embeddings and the output projection;
+* the alignment layer; its heads are averaged, as ``--print-alignment`` does.
+
+The vocabularies are the fairseq dictionaries in their order, special symbols included
+(``<pad>`` written as ``<blank>``, as CTranslate2's fairseq converter does); the source gets
+``</s>`` appended and decoding starts from ``</s>``, as in fairseq.
+"""
+import os
+import shutil
+import tempfile
+from argparse import Namespace
+from typing import Optional
+
+from fairseq import checkpoint_utils
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+from omegaconf import OmegaConf
+
+from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.errors import CheckpointError, ConfigError
+
+MODEL = "vaswani_transformer"
+QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
+
+
+def _model_options(state) -> Namespace:
+    model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    if model_cfg is None:
+        raise CheckpointError("no model options (cfg.model) in the checkpoint")
+    if not isinstance(model_cfg, Namespace):
+        model_cfg = Namespace(**OmegaConf.to_container(OmegaConf.create(model_cfg), resolve=True))
+    return model_cfg
+
+
+def check_exportable(options: Namespace) -> None:
+    """Refuse, by name, what CTranslate2's Transformer cannot compute the same way."""
+    arch = getattr(options, "arch", None) or getattr(options, "_name", None)
+    if ARCH_MODEL_NAME_REGISTRY.get(arch) != MODEL:
+        raise CheckpointError(f"architecture {arch!r} is not a {MODEL}; only {MODEL} "
+                              "checkpoints export to CTranslate2")
+    if options.encoder_embed_dim != options.decoder_embed_dim:
+        raise ConfigError(f"--encoder-embed-dim {options.encoder_embed_dim} differs from "
+                          f"--decoder-embed-dim {options.decoder_embed_dim}: not exported (CTranslate2's "
+                          "encoder-decoder attention is not tested with two widths)")
+
+
+def load_model(checkpoint: str, data: Optional[str] = None):
+    """The model in eval mode and its task (dictionaries), read as fairseq-generate does."""
+    if not os.path.isfile(checkpoint):
+        raise CheckpointError(f"checkpoint {checkpoint} does not exist")
+    state = load_state(checkpoint)
+    try:
+        check_exportable(_model_options(state))
+    except CheckpointError as e:
+        raise CheckpointError(f"{checkpoint}: {e}") from None
+    data = data or state["cfg"]["task"]["data"]
+    if not os.path.isdir(data):
+        raise ConfigError(f"data directory {data} (with the dictionaries of {checkpoint}) does not "
+                          "exist; pass --data DIR")
+    try:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [checkpoint], arg_overrides={"data": data}, state=state)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{e.filename or e}: not found (dictionaries of {checkpoint}); "
+                          "pass --data DIR") from None
+    return models[0].eval(), task
+
+
+def _linear(spec, module):
+    spec.weight = module.weight.detach().numpy()
+    if module.bias is not None:
+        spec.bias = module.bias.detach().numpy()
+
+
+def _norm(spec, module):
+    spec.gamma = module.weight.detach().numpy()
+    spec.beta = module.bias.detach().numpy()
+
+
+def _inputs(spec, side):
+    """Token embeddings, their √d_model scale and the position table of one side."""
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = side.embed_tokens.weight.detach().numpy()
+    spec.scale_embeddings = side.embed_scale  # √d_model
+    positions = side.embed_positions
+    spec.position_encodings.encodings = positions.weight.detach()[positions.padding_idx + 1:].numpy()
+    if side.layer_norm is not None:  # pre-LN: the final LayerNorm of the stack
+        _norm(spec.layer_norm, side.layer_norm)
+
+
+def _ffn(spec, layer):
+    _norm(spec.layer_norm, layer.final_layer_norm)
+    _linear(spec.linear_0, layer.fc1)  # W_1, b_1
+    _linear(spec.linear_1, layer.fc2)  # W_2, b_2
+
+
+def build_spec(model):
+    """CTranslate2's ``TransformerSpec`` holding the weights of ``model``."""
+    from ctranslate2.specs import transformer_spec
+
+    encoder, decoder = model.encoder, model.decoder
+    enc_layers, dec_layers = encoder.layers, decoder.layers
+    enc_spec = transformer_spec.TransformerEncoderSpec(
+        len(enc_layers), enc_layers[0].self_attn.num_heads, pre_norm=encoder.layer_norm is not None)
+    dec_spec = transformer_spec.TransformerDecoderSpec(
+        len(dec_layers), dec_layers[0].self_attn.num_heads, pre_norm=decoder.layer_norm is not None,
+        alignment_layer=decoder.alignment_layer, alignment_heads=0)  # 0: average of all heads
+    _inputs(enc_spec, encoder)
+    _inputs(dec_spec, decoder)
+    for spec, layer in zip(enc_spec.layer, enc_layers):
+        _linear(spec.self_attention.linear[0], layer.self_attn.in_proj)  # [W^Q; W^K; W^V]
+        _linear(spec.self_attention.linear[1], layer.self_attn.out_proj)  # W^O
+        _norm(spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+        _ffn(spec.ffn, layer)
+    for spec, layer in zip(dec_spec.layer, dec_layers):
+        _linear(spec.self_attention.linear[0], layer.self_attn.in_proj)
+        _linear(spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _norm(spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+        _linear(spec.attention.linear[0], layer.encoder_attn.q_proj)  # W^Q
+        _linear(spec.attention.linear[1], layer.encoder_attn.kv_proj)  # [W^K; W^V]
+        _linear(spec.attention.linear[2], layer.encoder_attn.out_proj)
+        _norm(spec.attention.layer_norm, layer.encoder_attn_layer_norm)
+        _ffn(spec.ffn, layer)
+    _linear(dec_spec.projection, decoder.output_projection)  # pre-softmax linear transformation
+    spec = transformer_spec.TransformerSpec(enc_spec, dec_spec)
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.config.decoder_start_token = spec.config.eos_token  # fairseq starts decoding from </s>
+    spec.config.add_source_eos = True  # fairseq's sources end with </s>
+    return spec
+
+
+def vocabulary(dictionary):
+    """fairseq's symbols in index order; ``<pad>`` is CTranslate2's ``<blank>``."""
+    return ["<blank>" if symbol == "<pad>" else symbol for symbol in dictionary.symbols]
+
+
+def export(checkpoint: str, out_dir: str, quantization: Optional[str] = None, force: bool = False,
+           data: Optional[str] = None) -> str:
+    """Write ``out_dir``; every refusal comes before anything is written."""
+    from ctranslate2.converters.converter import Converter
+
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ConfigError(f"--quantization {quantization} is not one of {', '.join(QUANTIZATIONS)}")
+    if os.path.exists(out_dir):
+        if not force:
+            raise ConfigError(f"output {out_dir} exists; pass --force to overwrite it")
+        if not os.path.isdir(out_dir) or (os.listdir(out_dir) and not os.path.isfile(
+                os.path.join(out_dir, "model.bin"))):
+            raise ConfigError(f"output {out_dir} is not a CTranslate2 model directory; "
+                              "--force only replaces one")
+    model, task = load_model(checkpoint, data)
+    spec = build_spec(model)
+    spec.register_source_vocabulary(vocabulary(task.source_dictionary))
+    spec.register_target_vocabulary(vocabulary(task.target_dictionary))
+
+    class _Converter(Converter):
+        def _load(self):
+            return spec
+
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".ct2-", dir=parent)  # a failed write leaves OUT_DIR as it was
+    try:
+        _Converter().convert(staging, quantization=quantization, force=True)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.rename(staging, out_dir)
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging)
+    return out_dir

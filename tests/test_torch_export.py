@@ -1,0 +1,106 @@
+"""torch.export of every family, and torch.jit.script / the seq2seq LSTM's sort where they cost
+nothing. Oracle: the eager model (Python loops, packed LSTM, fairseq's incremental decoding) on
+batches and lengths the programs were not traced with; within 1e-5."""
+import argparse
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+import fairseq_plugins  # noqa: F401  (registers the models)
+from fairseq_plugins.export.torch_export import export_encoder, export_model, state_names
+
+DICT = Dictionary()
+for _w in range(30):
+    DICT.add_symbol(f"w{_w}")
+
+
+class Task:
+    source_dictionary = DICT
+    target_dictionary = DICT
+
+
+def build(arch):
+    args = argparse.Namespace(arch=arch)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY[arch].build_model(args, Task)
+    with torch.no_grad():  # no near-zero initialisation hiding a term
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def batch(lengths, seed):
+    """Left-padded sentences ending in EOS."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), DICT.pad())
+    for b, n in enumerate(lengths):
+        words = torch.randint(DICT.nspecial, len(DICT), (n - 1,), generator=g)
+        src[b, max(lengths) - n:] = torch.cat([words, torch.tensor([DICT.eos()])])
+    return src
+
+
+def close(actual, expected):
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["rnnsearch_tiny", "rnnencdec_tiny", "seq2seq_lstm_tiny", "vaswani_transformer_tiny"])
+def test_exported_encoder_and_decoder_step_equal_eager_decoding(arch):
+    model = build(arch)
+    encoder, step = export_model(model)
+    names = state_names(model)
+    for lengths, seed in (((9, 4, 6, 11), 3), ((1 + 2,), 4), ((12, 12), 5)):  # new batch sizes and lengths
+        src = batch(lengths, seed)
+        with torch.no_grad():
+            encoder_out = model.encoder(src)
+            state = encoder.module()(src)
+            if arch.startswith("vaswani"):  # its state is the decoder's caches, checked by the steps
+                close(state[0], encoder_out["encoder_out"][0])
+            else:
+                eager_state = model.decoder.initial_cache(encoder_out)
+                for name, tensor in zip(names, state):
+                    close(tensor, eager_state[name])
+            incremental_state, prev = {}, torch.full((len(lengths), 1), DICT.eos())
+            for _ in range(6):  # greedy decoding, the eager decoder as fairseq's generator drives it
+                logits, _ = model.decoder(prev, encoder_out, incremental_state=incremental_state)
+                expected = model.get_normalized_probs((logits[:, -1:], None), log_probs=True)[:, 0]
+                log_probs, *state = step.module()(prev[:, -1:], *state)
+                close(log_probs, expected)
+                prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
+
+
+def test_exported_transformer_encoder_equals_eager():
+    model = build("vaswani_transformer_tiny")
+    program = export_encoder(model)
+    for lengths, seed in (((9, 4, 6), 3), ((7,), 4), ((5, 5), 5)):  # padded, one sentence, no padding
+        src = batch(lengths, seed)
+        with torch.no_grad():
+            encoder_out, padding_mask = program.module()(src)
+            expected = model.encoder(src)
+        close(encoder_out, expected["encoder_out"][0])
+        assert torch.equal(padding_mask, src.eq(DICT.pad()))
+
+
+def test_lstm_final_state_by_scan_equals_packed_lstm():
+    """The scan that replaces packing under torch.export, run eagerly, against nn.LSTM packed."""
+    encoder = build("seq2seq_lstm_tiny").encoder
+    x = torch.randn(3, 7, 32)
+    padding = batch((7, 2, 5), 6).eq(DICT.pad())
+    with torch.no_grad():
+        for by_scan, packed in zip(encoder.final_state_by_scan(x, padding), encoder.final_state(x, padding)):
+            close(by_scan, packed)
+
+
+@pytest.mark.parametrize("arch", ["rnnsearch_tiny", "rnnencdec_tiny", "seq2seq_lstm_tiny"])
+def test_scripted_rnn_encoders_equal_eager(arch):
+    model = build(arch)
+    scripted = torch.jit.script(model.encoder)
+    src = batch((9, 4, 6), 7)
+    with torch.no_grad():
+        expected, actual = model.encoder(src), scripted(src)
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        for a, e in zip(actual[key], expected[key]):
+            close(a, e)
