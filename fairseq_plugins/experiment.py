@@ -4,6 +4,7 @@ Each step runs fairseq's (or the suite's) command-line tool in a subprocess, kee
 next to its output, and is skipped when that output already exists, so an interrupted run
 continues where it stopped.
 """
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import time
 import sacrebleu
 
 from fairseq_plugins.analysis.generate_output import read_generate
-from fairseq_plugins.checkpoints import UPDATE_PATTERN
+from fairseq_plugins.checkpoints import UPDATE_PATTERN, average_states, last_checkpoints, save_state
 from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -38,8 +39,11 @@ def say(message):
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run(cmd, log_path=None, echo=()):
-    """Run a CLI; keep its output in ``log_path``; echo the lines that contain one of ``echo``."""
+def run(cmd, log_path=None, echo=(), prefix=""):
+    """Run a CLI; keep its output in ``log_path``; echo the lines that contain one of ``echo``.
+
+    ``prefix`` starts every echoed line (which run it came from, when runs go in parallel).
+    """
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
     log = open(log_path, "w") if log_path else None
     proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -50,7 +54,7 @@ def run(cmd, log_path=None, echo=()):
             log.write(line)
         tail = (tail + [line])[-20:]
         if any(marker in line for marker in echo):
-            print("    " + line.rstrip().split(" | ", 2)[-1], flush=True)
+            print("    " + prefix + line.rstrip().split(" | ", 2)[-1], flush=True)
     if log:
         log.close()
     if proc.wait() != 0:
@@ -88,6 +92,21 @@ def count_parameters(checkpoint):
     return total
 
 
+def run_parallel(tasks, jobs):
+    """Call every function of ``tasks`` (each runs its own subprocesses), ``jobs`` at a time.
+
+    Returns their results in order; the first failure stops the run once the running ones end.
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(task) for task in tasks]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
 def generate(data, checkpoint, out, extra=()):
     if not os.path.exists(out):
         run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
@@ -101,6 +120,19 @@ def score(gen):
     hyps, refs = [e.output for e in entries], [e.ref for e in entries]
     return {"bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
             "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2), "sentences": len(entries)}
+
+
+def updates_done(checkpoint):
+    from fairseq_plugins.checkpoints import load_state
+
+    return load_state(checkpoint)["optimizer_history"][-1]["num_updates"]
+
+
+def validate(data, checkpoint, log_path):
+    """Validation loss, NLL (base 2) and perplexity of ``checkpoint`` (fairseq-validate)."""
+    run(["fairseq-validate", data, "--user-dir", USER_DIR, "--task", "translation", "--path", checkpoint,
+         "--valid-subset", "valid", "--max-tokens", 4096, "--cpu", "--num-workers", 0], log_path)
+    return best_valid(log_path)
 
 
 def best_valid(train_log):
@@ -117,10 +149,18 @@ def best_valid(train_log):
     return best
 
 
-def train_and_evaluate(work, name, data, train_flags, max_update, minutes, average=5, score_last=False):
+def train_and_evaluate(work, name, data, train_flags, max_update, minutes, average=5, score_last=False,
+                       seed=1, save_points=30, validate_scored=False, echo=True, generate_flags=(),
+                       validate_last_only=False):
     """Train ``name`` with fairseq-train, average the last checkpoints, translate and score.
 
-    With ``score_last`` the last checkpoint is translated and scored too (``result["last"]``).
+    A checkpoint is written every ``max_update / save_points`` updates and the last ``average``
+    of them are averaged. With ``score_last`` the last checkpoint is translated and scored too
+    (``result["last"]``); with ``validate_scored`` the scored checkpoint's validation loss and
+    perplexity are measured (``result["scored_valid"]``; ``result["valid"]`` is the best one
+    logged during training). ``generate_flags`` go to every fairseq-generate (e.g. --remove-bpe).
+    fairseq-train validates at every checkpoint; with ``validate_last_only`` only at the ones
+    averaged (and at the end), which on a small budget saves most of the time.
     """
     out = os.path.join(work, name)
     result_path = os.path.join(out, "result.json")
@@ -130,29 +170,36 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
             return json.load(f)
     os.makedirs(out, exist_ok=True)
     ckpt = os.path.join(out, "checkpoints")
-    say(f"{name}: fairseq-train, {max_update} updates or {minutes:g} minutes")
+    say(f"{name}: fairseq-train, {max_update} updates or {minutes:g} minutes, seed {seed}")
     start = time.time()
+    interval = max(1, max_update // save_points)
     run(["fairseq-train", data, "--user-dir", USER_DIR, *train_flags, "--cpu", "--max-update", max_update,
-         "--stop-time-hours", minutes / 60, "--save-dir", ckpt, "--save-interval-updates", max(1, max_update // 30),
-         "--keep-interval-updates", average, "--no-epoch-checkpoints", "--no-progress-bar",
-         "--log-interval", max(1, max_update // 30), "--seed", 1, "--num-workers", 0],
-        os.path.join(out, "train.log"), echo=(" | train_inner | ", " | valid | "))
+         "--stop-time-hours", minutes / 60, "--save-dir", ckpt, "--save-interval-updates", interval,
+         "--keep-interval-updates", max(1, average), "--no-epoch-checkpoints", "--no-progress-bar",
+         "--log-interval", max(1, max_update // 30), "--seed", seed, "--num-workers", 0,
+         "--validate-after-updates", max(0, max_update - average * interval) if validate_last_only else 0],
+        os.path.join(out, "train.log"), echo=(" | train_inner | ", " | valid | ") if echo else (),
+        prefix=f"{name}: ")
     train_minutes = (time.time() - start) / 60
     kept = min(average, len([f for f in os.listdir(ckpt) if UPDATE_PATTERN.match(f)]))
     evaluated = os.path.join(out, "average.pt")
     if kept:
         say(f"{name}: averaging the last {kept} checkpoints, then fairseq-generate (beam 4)")
-        run([sys.executable, "-m", "fairseq_plugins.cli.average_checkpoints", "--inputs", ckpt,
-             "--num-update-checkpoints", kept, "--output", evaluated], os.path.join(out, "average.log"))
+        # in this process: one interpreter start less per run (fairseq-plugins-average does the same)
+        save_state(average_states(last_checkpoints(ckpt, kept, UPDATE_PATTERN)), evaluated)
     else:  # the time limit came before the first interval checkpoint
         say(f"{name}: no interval checkpoint to average; fairseq-generate (beam 4) on the last one")
         evaluated = os.path.join(ckpt, "checkpoint_last.pt")
-    result = {"model": name, "parameters": count_parameters(evaluated), "train_minutes": round(train_minutes, 1),
-              "averaged": kept, **score(generate(data, evaluated, os.path.join(out, "generate.txt"))),
+    result = {"model": name, "seed": seed, "parameters": count_parameters(evaluated),
+              "train_minutes": round(train_minutes, 1), "averaged": kept, "checkpoint": evaluated,
+              "updates": updates_done(os.path.join(ckpt, "checkpoint_last.pt")),
+              **score(generate(data, evaluated, os.path.join(out, "generate.txt"), generate_flags)),
               "valid": best_valid(os.path.join(out, "train.log"))}
+    if validate_scored:
+        result["scored_valid"] = validate(data, evaluated, os.path.join(out, "validate.log"))
     if score_last:
         result["last"] = score(generate(data, os.path.join(ckpt, "checkpoint_last.pt"),
-                                        os.path.join(out, "generate-last.txt")))
+                                        os.path.join(out, "generate-last.txt"), generate_flags))
     with open(result_path, "w") as f:
         json.dump(result, f)
     return result

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduce the papers' claims at small scale (under 60 minutes on 2 quiet cores with the defaults).
+# Reproduce the papers' claims at small scale on two corpora, 3 seeds each (run.py --help for the options).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/setup_env.sh
