@@ -128,7 +128,7 @@ def train_all(corpora, seeds, args):
 
 def ensemble(work, data, gen_flags, runs):
     """BLEU of the reversed LSTMs of every seed together (fairseq-generate --path a:b:c)."""
-    out = os.path.join(work, "seq2seq-ensemble")
+    out = os.path.join(work, "seq2seq-ensemble", "seeds" + "-".join(str(r["seed"]) for r in runs))
     os.makedirs(out, exist_ok=True)
     paths = ":".join(r["checkpoint"] for r in runs)
     return experiment.score(experiment.generate(data, paths, os.path.join(out, "generate.txt"), gen_flags))
