@@ -190,6 +190,14 @@ def figures(corpus, work, out, data, results, lengths_rows):
             [f"alignments-{corpus}/alignment-{i}.png" for i in ids])
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def side_by_side(names, header, rows):
     """A markdown table whose columns ``header`` repeat once per corpus of ``names``."""
     return report_io.markdown_table(["model", *[f"{c} {h}" for c in names for h in header]], rows)
@@ -202,9 +210,12 @@ def cell(runs, key, digits=1):
 def report(argv, out, corpora, results, extra, seconds, load):
     names = list(corpora)
     head = " | ".join(names)
+    shown = [a for i, a in enumerate(argv) if a != "--note" and (i == 0 or argv[i - 1] != "--note")]
     lines = ["# Paper claims at small scale, several seeds", "",
-             f"Command: `bash examples/paper_claims/run.sh {' '.join(argv)}`, {time.strftime('%Y-%m-%d')}; "
-             f"machine: {platform.machine()} {os.cpu_count()} CPU cores, load average {load[0]:.1f} at the start "
+             f"Command: `bash examples/paper_claims/run.sh {' '.join(shown)}"
+             + (" --note ...` (the paragraph below)" if len(shown) < len(argv) else "`") + ", "
+             f"{time.strftime('%Y-%m-%d')}; "
+             f"machine: {cpu_model()}, {os.cpu_count()} cores, load average {load[0]:.1f} at the start "
              f"and {load[1]:.1f} at the end (other work shared the cores); wall time {seconds / 60:.0f} minutes "
              f"(of this invocation; steps an earlier one finished are reused).", "",
              *([extra["note"], ""] if extra["note"] else []),
