@@ -704,3 +704,38 @@ def test_optimizer_step_that_overflows_is_never_saved(tmp_path, data_bin):
     assert sorted(os.listdir(save)) == ["checkpoint_1_1.pt", "checkpoint_last.pt"]
     state = load_state(os.path.join(save, "checkpoint_last.pt"))
     assert num_updates(state) == 1 and all(torch.isfinite(p).all() for p in state["model"].values())
+
+
+# The main thread exits while fairseq's prefetching thread is inside a torch op (GIL released).
+PREFETCH_AT_EXIT = """
+import sys, torch
+torch.set_num_threads(1)
+if sys.argv[1] == "suite":
+    import fairseq_plugins
+from fairseq.data.iterators import BufferedIterator
+
+def batches():
+    a = torch.randn(300, 300)
+    while True:
+        for _ in range(20):
+            a = torch.tanh(a @ a)
+        yield a
+
+buffered = BufferedIterator(2, list(range(100)))
+buffered._iterable = batches()
+next(buffered)
+print("took one batch")
+"""
+
+
+def test_exit_while_fairseq_prefetches_a_batch_is_clean(tmp_path):
+    script = tmp_path / "prefetch_at_exit.py"
+    script.write_text(PREFETCH_AT_EXIT)
+    env = {**os.environ, **ONE_THREAD}
+    plain = subprocess.run([sys.executable, str(script), "fairseq"], capture_output=True, text=True, env=env)
+    # The control: fairseq alone aborts (what ended a finished `fairseq-train --max-update 1`).
+    assert plain.returncode == -signal.SIGABRT, plain.stderr
+    assert "terminate called without an active exception" in plain.stderr
+    for _ in range(3):
+        suite = subprocess.run([sys.executable, str(script), "suite"], capture_output=True, text=True, env=env)
+        assert suite.returncode == 0 and suite.stdout == "took one batch\n", suite.stderr
