@@ -23,14 +23,29 @@ from fairseq_plugins.analysis.generate_output import read_generate
 
 USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
 
-# The tiny archs' sizes (embeddings 32, GRUs 64, alignment 64, maxout 32) and fairseq's lstm at
-# the same sizes: the issue's 256/512 took ~15 s per update on the shared 2-core machine.
-MODELS = {
-    "lstm": ["--arch", "lstm", "--encoder-embed-dim", "32", "--encoder-hidden-size", "64", "--encoder-bidirectional",
-             "--decoder-embed-dim", "32", "--decoder-hidden-size", "64", "--decoder-out-embed-dim", "32"],
-    "rnnsearch": ["--arch", "rnnsearch_tiny"],
-    "rnnencdec": ["--arch", "rnnencdec_tiny"],
+# --sizes tiny: the _tiny archs (embeddings 32, GRUs 64, alignment 64, maxout 32) and fairseq's
+# lstm at the same sizes. --sizes issue: issue 18's (embeddings 256, encoder 256 per direction,
+# decoder 512, alignment 512, maxout 256). seq2seq and transformer: their _tiny archs' defaults.
+SIZES = {
+    "tiny": dict(emb=32, enc=64, dec=64, att=64, maxout=32),
+    "issue": dict(emb=256, enc=256, dec=512, att=512, maxout=256),
 }
+
+
+def model_flags(model, sizes):
+    z = SIZES[sizes]
+    rnn = ["--encoder-embed-dim", z["emb"], "--encoder-hidden-size", z["enc"], "--decoder-embed-dim", z["emb"],
+           "--decoder-hidden-size", z["dec"]]
+    flags = {
+        "lstm": ["--arch", "lstm", *rnn, "--encoder-bidirectional", "--decoder-out-embed-dim", z["maxout"]],
+        "rnnsearch": ["--arch", "rnnsearch", *rnn, "--attention-hidden-size", z["att"], "--maxout-dim", z["maxout"]],
+        "rnnencdec": ["--arch", "rnnencdec", *rnn, "--maxout-dim", z["maxout"]],
+        "seq2seq": ["--arch", "seq2seq_lstm_tiny"],
+        "transformer": ["--arch", "vaswani_transformer_tiny"],
+    }[model]
+    return [str(x) for x in flags]
+
+
 RECIPES = {  # the README's Adam recipe (as in the issue) and Bahdanau et al.'s appendix B.2
     "adam": ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3", "--lr-scheduler", "inverse_sqrt",
              "--warmup-updates", "300", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -40,12 +55,12 @@ RECIPES = {  # the README's Adam recipe (as in the issue) and Bahdanau et al.'s 
 }
 
 
-def run_flags(name):
-    """'rnnsearch-paper-adam' -> fairseq-train flags; 'lstm-adam' has no --init."""
+def run_flags(name, sizes):
+    """'rnnsearch-paper-adam' -> fairseq-train flags; 'lstm-adam' has no --init (nor has a default run)."""
     parts = name.split("-")
     model, recipe = parts[0], parts[-1]
     init = ["--init", parts[1]] if len(parts) == 3 else []
-    return [*MODELS[model], *init, *RECIPES[recipe]]
+    return [*model_flags(model, sizes), *init, *RECIPES[recipe]]
 
 
 def call(cmd, log):
@@ -67,7 +82,7 @@ def train_minutes(log):
     return round(int(walls[-1]) / 60, 1) if walls else None
 
 
-def train_and_score(work, corpus, data, pair, bpe, name, max_update, valid_every):
+def train_and_score(work, corpus, data, pair, bpe, name, max_update, valid_every, sizes):
     out = os.path.join(work, corpus, name)
     if os.path.exists(os.path.join(out, "result.json")):
         return
@@ -77,7 +92,7 @@ def train_and_score(work, corpus, data, pair, bpe, name, max_update, valid_every
     log = os.path.join(out, "train.log")
     trained = os.path.exists(log) and "done training" in open(log).read()
     if not trained:  # a finished training is kept (an interrupted driver resumes at generation)
-        call(["fairseq-train", data, *common, *run_flags(name), "--max-update", str(max_update), "--seed", "1",
+        call(["fairseq-train", data, *common, *run_flags(name, sizes), "--max-update", str(max_update), "--seed", "1",
               "--save-dir", os.path.join(out, "ckpt"), "--no-epoch-checkpoints", "--no-save-optimizer-state",
               "--validate-interval-updates", str(valid_every), "--log-interval", "10", "--log-format", "simple",
               "--no-progress-bar", "--num-workers", "0"], log)
@@ -108,7 +123,7 @@ def valid_losses(log):
 
 def report(work, out):
     """OUT.md (one row per finished run) and OUT.png (fairseq-plugins-plot-curves of every run)."""
-    rows, logs = [], []
+    rows, logs, found = [], [], []
     for corpus in sorted(os.listdir(work)):
         for name in sorted(os.listdir(os.path.join(work, corpus))):
             folder = os.path.join(work, corpus, name)
@@ -116,14 +131,17 @@ def report(work, out):
                 continue
             with open(os.path.join(folder, "result.json")) as f:
                 r = json.load(f)
-            valid = valid_losses(os.path.join(folder, "train.log"))
-            rows.append(f"| {corpus} | {name} | {r['updates']} | {r['train_minutes']} | "
-                        + " | ".join(str(valid.get(n, "")) for n in (100, 200, 300, 400))
-                        + f" | {r['bleu']} | {r['chrf']} | {r['length_ratio']} | {'yes' if r['max_len_warning'] else 'no'} |")
+            found.append((corpus, name, r, valid_losses(os.path.join(folder, "train.log"))))
             logs.append(f"--log={corpus}/{name}={os.path.join(folder, 'train.log')}")
+    points = sorted(set().union(*(valid for *_, valid in found)))
+    for corpus, name, r, valid in found:
+        rows.append(f"| {corpus} | {name} | {r['updates']} | {r['train_minutes']} | "
+                    + " | ".join(str(valid.get(n, "")) for n in points)
+                    + f" | {r['bleu']} | {r['chrf']} | {r['length_ratio']} | {'yes' if r['max_len_warning'] else 'no'} |")
     call([sys.executable, "-m", "fairseq_plugins.cli.plot_curves", *logs, "--out", out], out + ".plot.log")
-    table = ["| corpus | run | updates | training (min) | valid loss @100 | @200 | @300 | @400 | BLEU | chrF | "
-             "hyp/ref length | max-length warning |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|", *rows]
+    table = ["| corpus | run | updates | training (min) | " + " | ".join(f"valid loss @{n}" for n in points)
+             + " | BLEU | chrF | hyp/ref length | max-length warning |",
+             "|---|---|---:|---:|" + "---:|" * len(points) + "---:|---:|---:|---|", *rows]
     with open(out + ".md", "w") as f:
         f.write("\n".join(table) + "\n")
     print("\n".join(table))
@@ -137,6 +155,7 @@ def main(argv=None):
     p.add_argument("--report", metavar="PREFIX", help="write PREFIX.md and PREFIX.png from the finished runs")
     p.add_argument("--max-update", type=int, default=300)
     p.add_argument("--valid-every", type=int, default=100)
+    p.add_argument("--sizes", choices=sorted(SIZES), default="tiny", help="model sizes (see SIZES)")
     args = p.parse_args(argv)
     if args.report:
         return report(args.work, args.report)
@@ -144,7 +163,8 @@ def main(argv=None):
         corpus, rest = spec.split("=", 1)
         data, pair, *bpe = rest.split(":")
         for name in args.runs.split(","):
-            train_and_score(args.work, corpus, data, pair, bool(bpe), name, args.max_update, args.valid_every)
+            train_and_score(args.work, corpus, data, pair, bool(bpe), name, args.max_update, args.valid_every,
+                            args.sizes)
 
 
 if __name__ == "__main__":

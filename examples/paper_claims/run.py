@@ -88,8 +88,10 @@ def catalog_corpus(work, args):
     """English->German from the gettext catalogs (fairseq-plugins-catalog-corpus), joint BPE."""
     out = os.path.join(work, "corpus")
     if not os.path.exists(os.path.join(out, "report.json")):
+        # no placeholders: an untrained model that repeats `%s` scored 7-8 BLEU on the pairs that have them
         cmd = ["fairseq-plugins-catalog-corpus", "--lang", "de", "--out", out, "--valid", 300, "--test", args.test,
-               "--bpe-ops", args.bpe_ops, *[x for d in args.locale_dir for x in ("--locale-dir", d)]]
+               "--bpe-ops", args.bpe_ops, "--placeholders", "drop",
+               *[x for d in args.locale_dir for x in ("--locale-dir", d)]]
         experiment.run(cmd, os.path.join(work, "catalog_corpus.log"))
     with open(os.path.join(out, "report.json")) as f:
         pairs = json.load(f)["pairs"]
@@ -99,8 +101,8 @@ def catalog_corpus(work, args):
                         f"{bpe}/train", "--validpref", f"{bpe}/valid", "--testpref", f"{bpe}/test", "--destdir",
                         data, "--joined-dictionary", "--workers", 2], f"{data}.preprocess.log")
     return (data, ["--remove-bpe"], f"English->German pairs of this machine's gettext catalogs: {pairs['train']} "
-            f"training, {pairs['valid']} validation, {pairs['test']} test pairs of 1-50 words; joint BPE, "
-            f"{args.bpe_ops} merges")
+            f"training, {pairs['valid']} validation, {pairs['test']} test pairs of 1-50 words, none with "
+            f"placeholders; joint BPE, {args.bpe_ops} merges")
 
 
 def train_all(corpora, seeds, args):
