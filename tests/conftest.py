@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import TINY_BUILTIN_TRANSFORMER, make_corpus, preprocess, train
+from helpers import TINY_BUILTIN_TRANSFORMER, generate, make_corpus, preprocess, train
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +42,10 @@ def generation_models(tmp_path_factory, data_bin):
         train(data_bin, root / family, arch, 60, ["--dropout", "0.3", "--no-epoch-checkpoints"])
         paths[family] = str(root / family / "checkpoint_last.pt")
     return paths
+
+
+@pytest.fixture(scope="session")
+def plain_generations(generation_models, data_bin):
+    """{family: helpers.generate output of ``generation_models[family]``, beam 2, --nbest 2}: the plain
+    decoding that tests of generation options compare with (run once for all of them)."""
+    return {family: generate(data_bin, path, "--nbest", "2") for family, path in generation_models.items()}
