@@ -16,7 +16,7 @@ import torch
 from fairseq import checkpoint_utils
 from sacrebleu.metrics import BLEU
 
-from helpers import USER_DIR, make_corpus, preprocess, run, train
+from helpers import ONE_THREAD, USER_DIR, in_parallel, make_corpus, preprocess, run, train
 
 pytestmark = pytest.mark.slow
 
@@ -43,15 +43,17 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(corpus):
-    """name -> (data dir, checkpoint, its CTranslate2 float32 directory, fairseq-generate output)."""
-    out = {}
-    for name, (joined, updates, flags) in VARIANTS.items():
+    """name -> (data dir, checkpoint, its CTranslate2 float32 directory, fairseq-generate output);
+    trained with 1 thread, two variants at a time."""
+    def build(name, joined, updates, flags):
         save = corpus["root"] / name
-        train(corpus[joined], save, TINY + flags, updates)
+        train(corpus[joined], save, TINY + flags, updates, env=ONE_THREAD)
         checkpoint = str(save / "checkpoint_last.pt")
         run([EXPORT, checkpoint, save / "ct2"])  # the README's command
-        out[name] = (corpus[joined], checkpoint, str(save / "ct2"), fairseq_generate(corpus[joined], checkpoint))
-    return out
+        return corpus[joined], checkpoint, str(save / "ct2"), fairseq_generate(corpus[joined], checkpoint)
+
+    return dict(zip(VARIANTS, in_parallel([lambda name=name, variant=variant: build(name, *variant)
+                                           for name, variant in VARIANTS.items()])))
 
 
 def fairseq_generate(data, checkpoint, *flags):

@@ -5,7 +5,7 @@ Oracle: each ``<unk>`` of the plain hypothesis becomes the source word with the 
 weight in fairseq's own ``--print-alignment soft`` row for that target word (EOS excluded), or its
 entry in the alignment dictionary; every other word stays as it was."""
 import pytest
-from helpers import USER_DIR, generate, make_corpus, preprocess, run, train
+from helpers import ONE_THREAD, USER_DIR, generate, in_parallel, make_corpus, preprocess, run, train
 
 pytestmark = pytest.mark.slow
 FAMILIES = {"rnnsearch": ["--arch", "rnnsearch_tiny", "--init", "pytorch"],
@@ -30,10 +30,10 @@ def unk_setup(tmp_path_factory):
     align_dict = root / "align.txt"  # every source word -> "X" + word: shows the dictionary was used
     words = [line.split()[0] for line in open(f"{data}/dict.src.txt")]
     align_dict.write_text("".join(f"{w} X{w}\n" for w in words))
-    paths = {}
-    for family, arch in FAMILIES.items():
-        train(data, root / family, arch, 150, ["--lr", "0.005", "--no-epoch-checkpoints"])
-        paths[family] = str(root / family / "checkpoint_last.pt")
+    in_parallel([lambda family=family, arch=arch: train(data, root / family, arch, 150,
+                                                        ["--lr", "0.005", "--no-epoch-checkpoints"], ONE_THREAD)
+                 for family, arch in FAMILIES.items()])
+    paths = {family: str(root / family / "checkpoint_last.pt") for family in FAMILIES}
     return {"data": data, "raw_data": raw_data, "raw": raw, "dict": {w: "X" + w for w in words},
             "dict_path": str(align_dict), "paths": paths}
 
