@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import TINY_BUILTIN_TRANSFORMER, make_corpus, preprocess, train
+from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, generate, in_parallel, make_corpus, preprocess, train
 
 
 @pytest.fixture(scope="session")
@@ -35,10 +35,16 @@ GENERATION_FAMILIES = {
 
 @pytest.fixture(scope="session")
 def generation_models(tmp_path_factory, data_bin):
-    """{family: checkpoint path} of GENERATION_FAMILIES, 60 updates each."""
+    """{family: checkpoint path} of GENERATION_FAMILIES, 60 updates each (1 thread, two at a time)."""
     root = tmp_path_factory.mktemp("generation-models")
-    paths = {}
-    for family, arch in GENERATION_FAMILIES.items():
-        train(data_bin, root / family, arch, 60, ["--dropout", "0.3", "--no-epoch-checkpoints"])
-        paths[family] = str(root / family / "checkpoint_last.pt")
-    return paths
+    in_parallel([lambda family=family, arch=arch: train(data_bin, root / family, arch, 60,
+                                                        ["--dropout", "0.3", "--no-epoch-checkpoints"], ONE_THREAD)
+                 for family, arch in GENERATION_FAMILIES.items()])
+    return {family: str(root / family / "checkpoint_last.pt") for family in GENERATION_FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def plain_generations(generation_models, data_bin):
+    """{family: helpers.generate output of ``generation_models[family]``, beam 2, --nbest 2}: the plain
+    decoding that tests of generation options compare with (run once for all of them)."""
+    return {family: generate(data_bin, path, "--nbest", "2") for family, path in generation_models.items()}

@@ -8,6 +8,7 @@ from fairseq import checkpoint_utils
 
 import fairseq_plugins
 from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
+from fairseq_plugins.experiment import run_parallel
 
 USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
 REPO = os.path.dirname(USER_DIR)
@@ -20,6 +21,15 @@ def cli_env(extra=None):
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # the suite must not need it
     env.update(extra or {})
     return env
+
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def in_parallel(calls):
+    """Call every function of ``calls`` (each runs its own subprocesses), two at a time: CI has two
+    cores, and a tiny model trained with ``ONE_THREAD`` uses one. Returns their results in order."""
+    return run_parallel(calls, 2)
 
 
 def run(cmd, cwd=None, env=None, check=True, input_text=None):
@@ -50,12 +60,12 @@ TINY_BUILTIN_TRANSFORMER = [
 ]
 
 
-def train(data, save_dir, arch_args, max_update, extra=()):
+def train(data, save_dir, arch_args, max_update, extra=(), env=None):
     """fairseq-train with small defaults; ``arch_args`` and ``extra`` come last, so they override them."""
     cmd = ["fairseq-train", data, "--user-dir", USER_DIR, "--optimizer", "adam", "--lr", "0.002",
            "--max-tokens", "1000", "--max-update", max_update, "--save-dir", save_dir, "--cpu", "--seed", "1",
            "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", *arch_args, *extra]
-    return run(cmd)
+    return run(cmd, env=env)
 
 
 def first_non_finite_module(model, net_input, autocast_dtype=None):

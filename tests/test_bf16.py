@@ -8,7 +8,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-from helpers import USER_DIR, run
+from helpers import USER_DIR, in_parallel, run
 
 import fairseq_plugins  # noqa: F401  (registers the models)
 from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
@@ -101,8 +101,9 @@ def train_losses(data, save_dir, arch, extra=()):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny"])
 def test_bf16_training_matches_fp32(data_bin, tmp_path, arch):
-    fp32_train, fp32_valid = train_losses(data_bin, str(tmp_path / "fp32"), arch)
-    bf16_train, bf16_valid = train_losses(data_bin, str(tmp_path / "bf16"), arch, ["--autocast-bf16"])
+    (fp32_train, fp32_valid), (bf16_train, bf16_valid) = in_parallel([  # 1 thread each
+        lambda: train_losses(data_bin, str(tmp_path / "fp32"), arch),
+        lambda: train_losses(data_bin, str(tmp_path / "bf16"), arch, ["--autocast-bf16"])])
     assert len(bf16_train) == len(fp32_train) == 30
     assert all(math.isfinite(x) for x in bf16_train) and math.isfinite(bf16_valid)
     assert bf16_train[-1] < bf16_train[0] - 1.0  # it learns

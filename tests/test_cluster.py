@@ -8,7 +8,6 @@ the command that started it, and must end bit-equal too: weights, Adam's state, 
 """
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -108,31 +107,8 @@ def reference(data_bin, tmp_path_factory):
 
 
 # ------------------------------------------------------------------ launchers
-
-@pytest.mark.slow
-def test_torchrun_two_workers_equal_one_process_with_update_freq_2(data_bin, reference, tmp_path):
-    save = str(tmp_path / "save")
-    log = run([*torchrun(free_port()), *flags(data_bin, save)], env=ONE_THREAD)
-    assert "distributed init (rank 0): env://" in log and "distributed init (rank 1): env://" in log
-    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
-
-
-@pytest.mark.slow
-def test_slurm_tasks_equal_one_process_with_update_freq_2(data_bin, reference, tmp_path):
-    save = str(tmp_path / "save")
-    procs = start_slurm(data_bin, save, free_port(), tmp_path)
-    assert wait_all(procs) == [0, 0], open(tmp_path / "rank0.log").read()[-3000:]
-    assert "distributed init (rank 1): tcp://localhost:" in open(tmp_path / "rank1.log").read()
-    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
-
-
-@pytest.mark.slow
-def test_fairseq_spawn_on_cpu_equals_one_process_with_update_freq_2(data_bin, reference, tmp_path):
-    save = str(tmp_path / "save")
-    log = run(["fairseq-train", *flags(data_bin, save, "--distributed-world-size", 2)], env=ONE_THREAD)
-    assert "distributed init (rank 0): tcp://127.0.0.1:" in log
-    assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
-
+# No launcher runs alone from scratch: torchrun's, SLURM's and spawn's runs are the ones stopped and
+# resumed below, and each of those ends bit-equal to the reference.
 
 def last_line(text):
     return [line for line in text.splitlines() if line.strip()][-1]
@@ -162,35 +138,42 @@ def test_impossible_launches_stop_at_once_with_one_line(data_bin, tmp_path, case
 
 # ------------------------------------------------------------------ preemption
 
-def preempt_and_restart(launch, signal_to, signum, log):
-    """Start ``launch()``, send ``signum`` once update 2 is logged, check the stop, restart, return the stop update."""
-    procs = launch()
-    seen = wait_for_update(log, 2, procs)
-    sent = time.time()
-    os.kill(signal_to(procs), signum)
-    codes = wait_all(procs, timeout=BOUND + 30)
-    assert time.time() - sent < BOUND
-    text = open(log).read()
-    stop = re.search(r"preempted \((\w+|signal to another worker)\): saved (\S+) at update (\d+); rerun the same "
-                     rf"command to resume \(exit status {EXIT_PREEMPTED}\)", text)
-    assert stop, text[-3000:]
-    update = int(stop.group(3))
-    assert seen <= update < TOTAL
-    assert num_updates(load_state(stop.group(2))) == update
-    assert wait_all(launch()) == [0] * len(procs), open(log).read()[-3000:]
-    assert f"@ {update} updates)" in open(log).read()  # fairseq's "Loaded checkpoint" line
+def preempt_and_restart(launch, signal_to, signums, log):
+    """Start ``launch()``; for each of ``signums`` in turn: send it to ``signal_to(procs)`` once 2 more
+    updates are logged, check the stop, start the same command again. The last start must run to
+    the end. Returns the exit codes of every stop."""
+    procs, after, resumed_from, codes = launch(), 2, None, []
+    for signum in signums:
+        seen = wait_for_update(log, after, procs)
+        if resumed_from is not None:
+            assert f"@ {resumed_from} updates)" in open(log).read()  # fairseq's "Loaded checkpoint" line
+        sent = time.time()
+        os.kill(signal_to(procs), signum)
+        codes.append(wait_all(procs, timeout=BOUND + 30))
+        assert time.time() - sent < BOUND
+        text = open(log).read()
+        stop = re.search(r"preempted \((\w+|signal to another worker)\): saved (\S+) at update (\d+); rerun the same "
+                         rf"command to resume \(exit status {EXIT_PREEMPTED}\)", text)
+        assert stop, text[-3000:]
+        resumed_from = int(stop.group(3))
+        assert seen <= resumed_from < TOTAL
+        assert num_updates(load_state(stop.group(2))) == resumed_from
+        procs, after = launch(), resumed_from + 2
+    assert wait_all(procs) == [0] * len(procs), open(log).read()[-3000:]
+    assert f"@ {resumed_from} updates)" in open(log).read()
     return codes
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
-def test_one_worker_preempted_saves_and_resumes_bit_equal(data_bin, reference, tmp_path, signum):
+def test_one_process_preempted_by_sigterm_then_sigusr1_saves_and_resumes_bit_equal(data_bin, reference, tmp_path):
+    """Both signals in one run: SIGTERM after update 2, SIGUSR1 2 updates into the restart."""
     save, log = str(tmp_path / "save"), tmp_path / "train.log"
 
     def launch():
         return [start(["fairseq-train", *flags(data_bin, save, "--update-freq", 2)], ONE_THREAD, log)]
 
-    assert preempt_and_restart(launch, lambda procs: procs[0].pid, signum, log) == [EXIT_PREEMPTED]
+    codes = preempt_and_restart(launch, lambda procs: procs[0].pid, [signal.SIGTERM, signal.SIGUSR1], log)
+    assert codes == [[EXIT_PREEMPTED], [EXIT_PREEMPTED]]
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
 
 
@@ -199,8 +182,9 @@ def test_signal_to_one_of_two_slurm_tasks_stops_both_at_one_update(data_bin, ref
     """SIGUSR1 reaches rank 1 only: rank 0 must stop at the same update (else a collective hangs)."""
     save, port = str(tmp_path / "save"), free_port()
     codes = preempt_and_restart(lambda: start_slurm(data_bin, save, port, tmp_path), lambda procs: procs[1].pid,
-                                signal.SIGUSR1, tmp_path / "rank0.log")
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED]
+                                [signal.SIGUSR1], tmp_path / "rank0.log")
+    assert codes == [[EXIT_PREEMPTED, EXIT_PREEMPTED]]
+    assert "distributed init (rank 1): tcp://localhost:" in open(tmp_path / "rank1.log").read()
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
 
 
@@ -211,8 +195,10 @@ def test_sigterm_to_torchrun_stops_its_workers_and_resumes_bit_equal(data_bin, r
     def launch():
         return [start([*torchrun(port), *flags(data_bin, save)], ONE_THREAD, log)]
 
-    codes = preempt_and_restart(launch, lambda procs: procs[0].pid, signal.SIGTERM, log)
+    [codes] = preempt_and_restart(launch, lambda procs: procs[0].pid, [signal.SIGTERM], log)
     assert codes[0] != 0  # torchrun's own status (its workers exit with 75)
+    text = open(log).read()  # the restart's
+    assert "distributed init (rank 0): env://" in text and "distributed init (rank 1): env://" in text
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
 
 
@@ -266,21 +252,19 @@ def test_kill_9_of_one_worker_ends_the_other_with_one_line_and_both_resume(data_
 # ------------------------------------------------------------------ resume across epochs and world sizes
 
 @pytest.mark.slow
-@pytest.mark.parametrize("first,second,stop", [
-    ("1 process", "1 process", 6),  # the middle of epoch 2
-    ("2 workers", "1 process", 8),  # the end of epoch 2, on another world size
-    ("1 process", "2 workers", 4),  # the end of epoch 1
-])
-def test_resume_in_a_later_epoch_is_bit_equal(data_bin, reference, tmp_path, first, second, stop):
-    """fairseq alone grouped a resumed epoch's batches from another seed (7e-3 after 4 updates)."""
+def test_resume_in_later_epochs_and_across_world_sizes_is_bit_equal(data_bin, reference, tmp_path):
+    """One run in four parts, each resuming the previous part's checkpoint_last.pt: 1 process to the
+    end of epoch 1 (update 4), 2 workers spawned by fairseq to the end of epoch 2 (8), 1 process to
+    the middle of epoch 3 (10), 1 process to the end. fairseq alone grouped a resumed epoch's
+    batches from another seed (7e-3 after 4 updates)."""
     save = str(tmp_path / "save")
-
-    def train(layout, updates):
-        if layout == "1 process":
-            return run(["fairseq-train", *flags(data_bin, save, "--update-freq", 2, updates=updates)], env=ONE_THREAD)
-        return run([*torchrun(free_port()), *flags(data_bin, save, updates=updates)], env=ONE_THREAD)
-
-    train(first, stop)
-    log = train(second, TOTAL)
-    assert f"(epoch {stop // 4 + 1} @ {stop} updates)" in log
+    parts = [("1 process", 4), ("2 workers", 8), ("1 process", 10), ("1 process", TOTAL)]
+    for i, (layout, updates) in enumerate(parts):
+        extra = ["--update-freq", 2] if layout == "1 process" else ["--distributed-world-size", 2]
+        log = run(["fairseq-train", *flags(data_bin, save, *extra, updates=updates)], env=ONE_THREAD)
+        if i:
+            stop = parts[i - 1][1]
+            assert f"(epoch {stop // 4 + 1} @ {stop} updates)" in log, (layout, stop)
+        if layout == "2 workers":
+            assert "distributed init (rank 0): tcp://127.0.0.1:" in log
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)

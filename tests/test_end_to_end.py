@@ -76,10 +76,17 @@ def test_generate_and_score(run_dir, tmp_path):
     assert "BLEU" in score and "nrefs:1" in score  # sacrebleu's signature
 
 
-def test_average_is_the_mean_and_generates(run_dir, tmp_path):
-    data, save, _ = run_dir
-    avg = str(tmp_path / "avg.pt")
+@pytest.fixture(scope="module")
+def avg(run_dir, tmp_path_factory):
+    """fairseq-plugins-average of the last 2 interval checkpoints of ``run_dir`` (checkpoint_1_2, _1_4)."""
+    _, save, _ = run_dir
+    avg = str(tmp_path_factory.mktemp("average") / "avg.pt")
     run(["fairseq-plugins-average", "--inputs", save, "--num-update-checkpoints", "2", "--output", avg])
+    return avg
+
+
+def test_average_is_the_mean_and_generates(run_dir, avg):
+    data, save, _ = run_dir
     a = load_state(f"{save}/checkpoint_1_2.pt")["model"]
     b = load_state(f"{save}/checkpoint_1_4.pt")["model"]
     averaged = load_state(avg)["model"]
@@ -106,12 +113,10 @@ def storages(obj):
     return set().union(*map(storages, values))
 
 
-def test_average_keeps_tied_weights_tied(run_dir, tmp_path):
+def test_average_keeps_tied_weights_tied(run_dir, avg):
     """--share-all-embeddings: encoder and decoder embeddings and the output projection are one
     tensor; the average must store it once too (it used to store 35 tensors for the input's 33)."""
     _, save, _ = run_dir
-    avg = str(tmp_path / "avg.pt")
-    run(["fairseq-plugins-average", "--inputs", save, "--num-update-checkpoints", "2", "--output", avg])
     checkpoint = f"{save}/checkpoint_1_4.pt"
     averaged = load_state(avg)["model"]
     tied = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"]

@@ -17,9 +17,9 @@ def has_repeat(words, n):
 
 
 @pytest.mark.parametrize("family", list(GENERATION_FAMILIES))
-def test_no_repeat_ngram_size_bans_repeats(generation_models, data_bin, family):
+def test_no_repeat_ngram_size_bans_repeats(generation_models, plain_generations, data_bin, family):
     path = generation_models[family]
-    free = generate(data_bin, path, "--nbest", "2")
+    free = plain_generations[family]  # the same command without --no-repeat-ngram-size
     assert any(has_repeat(h.split(), 2) for s in free.values() for h in s["nbest"]), "the oracle needs repeats"
     blocked = generate(data_bin, path, "--no-repeat-ngram-size", "2", "--nbest", "2")
     repeats = [h for s in blocked.values() for h in s["nbest"] if has_repeat(h.split(), 2)]

@@ -5,7 +5,7 @@ Oracle: each ``<unk>`` of the plain hypothesis becomes the source word with the 
 weight in fairseq's own ``--print-alignment soft`` row for that target word (EOS excluded), or its
 entry in the alignment dictionary; every other word stays as it was."""
 import pytest
-from helpers import USER_DIR, generate, make_corpus, preprocess, run, train
+from helpers import ONE_THREAD, USER_DIR, generate, in_parallel, make_corpus, preprocess, run, train
 
 pytestmark = pytest.mark.slow
 FAMILIES = {"rnnsearch": ["--arch", "rnnsearch_tiny", "--init", "pytorch"],
@@ -30,10 +30,10 @@ def unk_setup(tmp_path_factory):
     align_dict = root / "align.txt"  # every source word -> "X" + word: shows the dictionary was used
     words = [line.split()[0] for line in open(f"{data}/dict.src.txt")]
     align_dict.write_text("".join(f"{w} X{w}\n" for w in words))
-    paths = {}
-    for family, arch in FAMILIES.items():
-        train(data, root / family, arch, 150, ["--lr", "0.005", "--no-epoch-checkpoints"])
-        paths[family] = str(root / family / "checkpoint_last.pt")
+    in_parallel([lambda family=family, arch=arch: train(data, root / family, arch, 150,
+                                                        ["--lr", "0.005", "--no-epoch-checkpoints"], ONE_THREAD)
+                 for family, arch in FAMILIES.items()])
+    paths = {family: str(root / family / "checkpoint_last.pt") for family in FAMILIES}
     return {"data": data, "raw_data": raw_data, "raw": raw, "dict": {w: "X" + w for w in words},
             "dict_path": str(align_dict), "paths": paths}
 
@@ -56,29 +56,37 @@ def hypotheses(out):
     return {i: lines["H"][1] for i, lines in out.items()}
 
 
+@pytest.fixture(scope="module")
+def soft(unk_setup):
+    """{family: fairseq-generate --print-alignment soft of the binarized test set}: the oracle's input."""
+    return {family: generate(unk_setup["data"], path, "--print-alignment", "soft")
+            for family, path in unk_setup["paths"].items()}
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_replace_unk_binarized(unk_setup, family):
-    data, path = unk_setup["data"], unk_setup["paths"][family]
-    plain = generate(data, path, "--print-alignment", "soft")
+def test_replace_unk_binarized(unk_setup, soft, family):
+    data, path, plain = unk_setup["data"], unk_setup["paths"][family], soft[family]
     assert sum(h["H"][1].split().count("<unk>") for h in plain.values()) >= 5, "the oracle needs <unk>s"
     assert hypotheses(generate(data, path, "--replace-unk")) == expected(plain)
     assert hypotheses(generate(data, path, "--replace-unk", unk_setup["dict_path"])) == \
         expected(plain, unk_setup["dict"])
 
 
-def test_replace_unk_with_print_alignment_and_raw_data(unk_setup):
+def test_replace_unk_with_print_alignment_and_raw_data(unk_setup, soft):
     data, path = unk_setup["data"], unk_setup["paths"]["rnnsearch"]
-    want = expected(generate(data, path, "--print-alignment", "soft"))
+    want = expected(soft["rnnsearch"])
     assert hypotheses(generate(data, path, "--replace-unk", "--print-alignment")) == want
     assert hypotheses(generate(unk_setup["raw_data"], path, "--dataset-impl", "raw", "--replace-unk")) == want
 
 
-def test_interactive_and_ensemble_replace_unk(unk_setup):
-    """The README's commands: fairseq-interactive, one model and an ensemble of two families."""
+def test_interactive_and_ensemble_replace_unk(unk_setup, soft):
+    """The README's commands: fairseq-interactive, one model and an ensemble of two families. One
+    model must give the oracle's output, the ensemble fairseq-generate's."""
     data, paths = unk_setup["data"], unk_setup["paths"]
     sources = open(f"{unk_setup['raw']}/test.src").read()
-    for path in (paths["rnnsearch"], f"{paths['rnnsearch']}:{paths['vaswani_transformer']}"):
-        batch = hypotheses(generate(data, path, "--replace-unk", unk_setup["dict_path"]))
+    ensemble = f"{paths['rnnsearch']}:{paths['vaswani_transformer']}"
+    for path, batch in ((paths["rnnsearch"], expected(soft["rnnsearch"], unk_setup["dict"])),
+                        (ensemble, hypotheses(generate(data, ensemble, "--replace-unk", unk_setup["dict_path"])))):
         proc = run(["fairseq-interactive", data, "--user-dir", USER_DIR, "--path", path, "--source-lang", "src",
                     "--target-lang", "tgt", "--beam", "2", "--cpu", "--max-len-a", "1", "--max-len-b", "5",
                     "--replace-unk", unk_setup["dict_path"]], env=None, check=False, input_text=sources)

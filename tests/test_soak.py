@@ -30,8 +30,8 @@ def test_verdict_needs_samples_after_warmup():
 
 @pytest.mark.slow
 def test_soak_runs_and_reports(tmp_path):
-    out = run([sys.executable, f"{REPO}/scripts/soak.py", "--work", tmp_path, "--minutes", "0.6",
-               "--sample-seconds", "3", "--warmup-minutes", "0.05", "--interval", "10", "--train", "500",
+    out = run([sys.executable, f"{REPO}/scripts/soak.py", "--work", tmp_path, "--minutes", "0.35",
+               "--sample-seconds", "2", "--warmup-minutes", "0.05", "--interval", "10", "--train", "500",
                "--tolerance", "10"])
     assert "RSS grew" in out
     rows = open(tmp_path / "memory.csv").read().splitlines()

@@ -10,7 +10,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from fairseq_plugins.cli import convert_transformer
-from helpers import USER_DIR, run, train
+from helpers import USER_DIR, in_parallel, run, train
 
 pytestmark = pytest.mark.slow
 
@@ -136,7 +136,8 @@ def test_checkpoint_activations_train_the_same_and_generate(data_bin, tmp_path):
     thread in both runs, the same kernels), and fairseq-generate loads the checkpoint (the flag
     is in its cfg; decoding does not checkpoint) and translates as the plain one does."""
     losses, weights, hypotheses = {}, {}, {}
-    for name, extra in (("plain", []), ("checkpointed", ["--checkpoint-activations"])):
+
+    def train_and_generate(name, extra):
         save_dir = str(tmp_path / name)
         log = run(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "vaswani_transformer_tiny",
                    "--share-all-embeddings", "--dropout", "0.1", *PAPER_RECIPE, "--optimizer", "adam", "--lr", "0.002",
@@ -150,6 +151,9 @@ def test_checkpoint_activations_train_the_same_and_generate(data_bin, tmp_path):
         assert state["cfg"]["model"].checkpoint_activations == bool(extra)
         weights[name] = state["model"]
         hypotheses[name], _ = generate(data_bin, ckpt)
+
+    in_parallel([lambda: train_and_generate("plain", []),  # the trainings use 1 thread each
+                 lambda: train_and_generate("checkpointed", ["--checkpoint-activations"])])
     assert len(losses["plain"]) == 4 and losses["checkpointed"] == losses["plain"]
     assert weights["checkpointed"].keys() == weights["plain"].keys()
     for key, value in weights["plain"].items():
