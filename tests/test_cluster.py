@@ -9,13 +9,12 @@ the command that started it, and must end bit-equal too: weights, Adam's state, 
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 import torch
-from helpers import BIN, USER_DIR, cli_env, run
+from helpers import BIN, USER_DIR, cli_env, free_port, run
 
 from fairseq_plugins.checkpoints import load_state
 
@@ -23,12 +22,6 @@ TOTAL = 16  # updates: 4 epochs of 4 updates (2 batches of --max-tokens 600 each
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 EXIT_PREEMPTED = 75
 BOUND = 60  # seconds a stop or a lost worker may take (the default --preemption-timeout)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def flags(data, save_dir, *extra, updates=TOTAL):

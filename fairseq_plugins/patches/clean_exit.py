@@ -1,21 +1,27 @@
-"""fairseq's data-prefetching thread stops before the interpreter does.
+"""A finished run exits with status 0: fairseq's threads and process groups end before Python does.
 
-``BufferedIterator`` (``--data-buffer-size``, default 10) collates batches in a daemon thread
-that keeps running, inside torch ops with the GIL released, when training ends. Python kills
-daemon threads that take the GIL back during finalisation with ``pthread_exit``; unwinding
-through torch's ``noexcept`` C++ frames calls ``std::terminate``: the process prints
-``terminate called without an active exception`` and aborts after a successful run (a
-non-zero exit a script or scheduler reads as a failure).
+Python kills the daemon threads that take the GIL back during finalisation with
+``pthread_exit``; unwinding through torch's ``noexcept`` C++ frames calls ``std::terminate``, and
+a run that has saved its last checkpoint prints ``terminate called without an active
+exception`` and aborts (SIGABRT, a failure to any script or scheduler). Two sources:
 
-Here the consumer checks a stop event between items and never blocks for good on a full
-queue; an ``atexit`` hook (run before finalisation) stops and joins every live consumer.
+* fairseq's ``BufferedIterator`` (``--data-buffer-size``, default 10) collates batches in a
+  daemon thread that is still inside torch ops when training ends. Here the consumer checks a
+  stop event between items and never blocks for good on a full queue.
+* a gloo process group left alive: its C++ worker threads still hold finished collectives'
+  tensors, freed during finalisation (torch never destroys the group on its own).
+
+An ``atexit`` hook, which runs while the interpreter is whole, stops and joins every live
+consumer and destroys the default process group.
 """
 import atexit
 import queue
+import sys
 import threading
 import weakref
 
 import torch
+import torch.distributed as dist
 from fairseq.data import iterators
 
 _POLL_S = 0.05  # how often a consumer waiting on a full queue looks for the stop event
@@ -53,7 +59,7 @@ class BackgroundConsumer(iterators.BackgroundConsumer):
             self._put(e)
 
 
-def stop_all():
+def stop_consumers():
     """Stop every prefetching thread and wait for it (the item in hand is finished first)."""
     consumers = list(_live)
     for consumer in consumers:
@@ -63,7 +69,20 @@ def stop_all():
             consumer.join(_JOIN_S)
 
 
+def destroy_process_group():
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except RuntimeError as e:  # the run's result is already decided; say why teardown failed
+            print(f"warning: destroying the process group at exit failed: {e}", file=sys.stderr)
+
+
+def _at_exit():
+    stop_consumers()
+    destroy_process_group()
+
+
 def install():
     if iterators.BackgroundConsumer is not BackgroundConsumer:
         iterators.BackgroundConsumer = BackgroundConsumer
-        atexit.register(stop_all)
+        atexit.register(_at_exit)
