@@ -66,7 +66,7 @@ def main(argv=None):
         sys.exit(f"error: fairseq-train failed (exit {proc.returncode}); see {log_path}")
 
     with open(os.path.join(args.work, "memory.csv"), "w", newline="") as f:
-        csv.writer(f).writerows([("minute", "rss_mib"), *((f"{t:.2f}", f"{m:.1f}") for t, m in samples)])
+        csv.writer(f).writerows([("minute", "rss_mib"), *((f"{t:.2f}", f"{m:.3f}") for t, m in samples)])
     result = verdict(samples, args.warmup_minutes, args.tolerance)
     updates = last_update(log_path)
     validations = count(log_path, r" \| valid on ")
