@@ -8,7 +8,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-from helpers import USER_DIR, in_parallel, run
+from helpers import ONE_THREAD, USER_DIR, in_parallel, run
 
 import fairseq_plugins  # noqa: F401  (registers the models)
 from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
@@ -90,7 +90,7 @@ def train_losses(data, save_dir, arch, extra=()):
                "--criterion", "label_smoothed_xent", "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000",
                "--max-update", "30", "--validate-interval", "1000", "--no-save", "--save-dir", save_dir,
                "--no-progress-bar", "--log-format", "json", "--log-interval", "1", "--num-workers", "0", *extra],
-              env={"OMP_NUM_THREADS": "1"})  # tiny models: a second thread only spins on a busy machine
+              env=ONE_THREAD)  # tiny models: a second thread only spins on a busy machine
     train = [json.loads(line.split("| train_inner |", 1)[1])["loss"] for line in log.splitlines()
              if "| train_inner |" in line]
     valid = [json.loads(line.split("| valid |", 1)[1])["valid_loss"] for line in log.splitlines()

@@ -14,12 +14,11 @@ import time
 
 import pytest
 import torch
-from helpers import BIN, USER_DIR, cli_env, free_port, run
+from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, free_port, run
 
 from fairseq_plugins.checkpoints import load_state
 
 TOTAL = 16  # updates: 4 epochs of 4 updates (2 batches of --max-tokens 600 each)
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 EXIT_PREEMPTED = 75
 BOUND = 60  # seconds a stop or a lost worker may take (the default --preemption-timeout)
 

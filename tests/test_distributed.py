@@ -19,11 +19,10 @@ import shutil
 import pytest
 import torch
 from fairseq import checkpoint_utils
-from helpers import USER_DIR, run
+from helpers import ONE_THREAD, USER_DIR, run
 
 FAMILIES = ["vaswani_transformer_tiny", "rnnsearch_tiny", "rnnencdec_tiny", "seq2seq_lstm_tiny"]
 RESUMED = "vaswani_transformer_tiny"  # the family whose 2-worker checkpoint is resumed in 1 process
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def train_flags(data, arch, save_dir, max_epoch):

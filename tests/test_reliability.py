@@ -15,6 +15,7 @@ import threading
 import time
 from collections import Counter
 
+import helpers
 import pytest
 import torch
 from helpers import TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, first_non_finite_module, free_port, run
@@ -27,7 +28,7 @@ from fairseq_plugins.errors import CheckpointError
 SUITE_TRAINING = ["--criterion", "label_smoothed_xent", "--label-smoothing", "0.1", "--lr-scheduler",
                   "inverse_sqrt_warmup", "--warmup-updates", "4", "--optimizer", "adam", "--lr", "0.002"]
 # One thread per trainer: the runs are small, and two cores are shared by the whole suite.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+ONE_THREAD = {**helpers.ONE_THREAD, "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def train_cmd(data, save_dir, max_update, *extra, arch=TINY_BUILTIN_TRANSFORMER):

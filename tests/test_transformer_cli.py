@@ -10,7 +10,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from fairseq_plugins.cli import convert_transformer
-from helpers import USER_DIR, in_parallel, run, train
+from helpers import ONE_THREAD, USER_DIR, in_parallel, run, train
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +143,7 @@ def test_checkpoint_activations_train_the_same_and_generate(data_bin, tmp_path):
                    "--share-all-embeddings", "--dropout", "0.1", *PAPER_RECIPE, "--optimizer", "adam", "--lr", "0.002",
                    "--max-tokens", "1000", "--max-update", "4", "--cpu", "--seed", "1", "--disable-validation",
                    "--save-dir", save_dir, "--no-progress-bar", "--log-format", "json", "--log-interval", "1",
-                   "--num-workers", "0", *extra], env={"OMP_NUM_THREADS": "1"})
+                   "--num-workers", "0", *extra], env=ONE_THREAD)
         losses[name] = [json.loads(line.split("| train_inner |", 1)[1])["loss"] for line in log.splitlines()
                         if "| train_inner |" in line]
         ckpt = os.path.join(save_dir, "checkpoint_last.pt")
