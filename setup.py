@@ -1,6 +1,8 @@
 """fairseq-plugins: the classic NMT papers as a fairseq --user-dir plugin suite."""
 from setuptools import find_packages, setup
 
+from fairseq_plugins_tools import TOOLS  # the tools that start without torch or fairseq
+
 CONSOLE_SCRIPTS = {
     # name: module under fairseq_plugins.cli exposing main()
     "fairseq-plugins-make-corpus": "make_corpus",
@@ -8,13 +10,8 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-convert-transformer": "convert_transformer",
     "fairseq-plugins-benchmark": "benchmark",
     "fairseq-plugins-benchmark-scale": "benchmark_scale",
-    "fairseq-plugins-bleu-by-length": "bleu_by_length",
     "fairseq-plugins-plot-alignment": "plot_alignment",
     "fairseq-plugins-nounk-bleu": "nounk_bleu",
-    "fairseq-plugins-plot-curves": "plot_curves",
-    "fairseq-plugins-score": "score",
-    "fairseq-plugins-tokenize": "tokenize",
-    "fairseq-plugins-catalog-corpus": "catalog_corpus",
     "fairseq-plugins-export-ctranslate2": "export_ctranslate2",
     "fairseq-plugins-benchmark-ctranslate2": "benchmark_ctranslate2",
 }
@@ -24,6 +21,7 @@ setup(
     version="0.1.0",
     description="RNNsearch, RNNencdec, seq2seq LSTM and the Transformer, exact to their papers, as fairseq plugins",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
+    py_modules=["fairseq_plugins_tools"],
     python_requires=">=3.8",
     install_requires=[
         # Upstream fairseq cannot be imported on Python >= 3.11; the fork can (same module).
@@ -48,6 +46,6 @@ setup(
     entry_points={
         "console_scripts": [
             f"{name}=fairseq_plugins.cli.{module}:main" for name, module in CONSOLE_SCRIPTS.items()
-        ]
+        ] + [f"{name}=fairseq_plugins_tools:{function}" for name, function in TOOLS.items()]
     },
 )

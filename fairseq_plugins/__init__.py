@@ -4,11 +4,18 @@ Importing the package installs the suite's changes to fairseq (:mod:`fairseq_plu
 weights-only checkpoint loading under every torch version, atomic checkpoint writes, no
 dropped batches, NaN/Inf reported with the update's sentences, one-line errors) and then
 registers every model, criterion, LR scheduler and task of the suite with fairseq's registries.
+
+The one exception: the console scripts of the tools that need no model start through
+:mod:`fairseq_plugins_tools`, and while it is loaded nothing is installed, so they import
+neither torch nor fairseq.
 """
-from fairseq_plugins import patches
+import sys
 
-patches.install_all()
+if "fairseq_plugins_tools" not in sys.modules:
+    from fairseq_plugins import patches
 
-from fairseq_plugins import criterions, lr_schedulers, models, tasks  # noqa: E402,F401  (after the patches)
+    patches.install_all()
+
+    from fairseq_plugins import criterions, lr_schedulers, models, tasks  # noqa: F401  (after the patches)
 
 __version__ = "0.1.0"
