@@ -6,6 +6,7 @@ for the threads inside it and calls whatever ``torch.load`` was when the first o
 (a later wrapper or a test's mock included); other threads' calls pass through unchanged. When
 the last one leaves, exactly the value it found is put back -- unless someone replaced the
 wrapper meanwhile, whose value is then left in place (the wrapper stays a pass-through).
+:func:`allowing` is the allowlist half: ``add_safe_globals`` as a patch's setup and teardown.
 """
 import contextlib
 import threading

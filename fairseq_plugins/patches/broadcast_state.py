@@ -63,6 +63,6 @@ def broadcast_object_slow(obj, src_rank, group, dist_device):
 
 
 _setup, _teardown = allowing([Config, distributed_utils._TensorPlaceholder])
-# the checkpoint allowlist is checkpoint_loading's
+# requires checkpoint_loading: the allowlist of a checkpoint's classes is its
 PATCH = Patch(__name__, {BROADCAST: broadcast_object_slow}, requires=["checkpoint_loading"], setup=_setup,
               teardown=_teardown)

@@ -4,8 +4,9 @@ A model that has not learned to end sentences (too few updates, an initialisatio
 trains slowly: issue 18) fills every hypothesis up to ``max_len_a * src_len + max_len_b``
 tokens, and fairseq-generate reports only a low BLEU. This counts, per translated sentence,
 whether its best hypothesis was cut at the limit (EOS forced at step ``max_len``, fairseq's
-``SequenceGenerator._generate``), and ``fairseq-generate`` ends with one warning line when
-that was the case for more than half of them.
+``SequenceGenerator._generate``), on the generator that translated it
+(``generator.length_limit_counts``), and ``fairseq-generate`` ends with one warning line when
+that was the case for more than half of the sentences its generators translated.
 """
 import contextvars
 import logging
