@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
+from fairseq import utils as fairseq_utils
 from fairseq.data import data_utils, iterators
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
@@ -231,6 +232,7 @@ def tiny(data_bin):
     task.load_dataset("valid")
     torch.manual_seed(1)
     model = task.build_model(cfg.model).eval()
+    model.prepare_for_inference_(cfg)  # as fairseq-generate and the hub do: attention only on demand
     dataset = task.dataset("valid")
     sample = dataset.collater([dataset[i] for i in range(4)])
     return cfg, task, model, sample
@@ -239,7 +241,7 @@ def tiny(data_bin):
 def generation(cfg, **options_):
     gen = OmegaConf.create(OmegaConf.to_container(cfg.generation))
     with open_dict(gen):
-        gen.update(beam=2, max_len_b=10, **options_)
+        gen.update({"beam": 2, "max_len_b": 10, **options_})
     return gen
 
 
@@ -320,10 +322,10 @@ def test_replace_unk(tiny):
         generator, _ = hypotheses(tiny, replace_unk="@@ ")
         assert not getattr(generator, "unk_alignment", False)
         with pytest.raises(FileNotFoundError):
-            checkpoint_utils.utils.load_align_dict("@@ ")  # --replace-unk alone: fairseq opens a file named '@@ '
+            fairseq_utils.load_align_dict("@@ ")  # --replace-unk alone: fairseq opens a file named '@@ '
     generator, hypos = hypotheses(tiny, replace_unk="@@ ")
     assert generator.unk_alignment and all(len(h[0]["alignment"]) > 0 for h in hypos)
-    assert checkpoint_utils.utils.load_align_dict("@@ ") == {}
+    assert fairseq_utils.load_align_dict("@@ ") == {}
 
 
 def test_hub_score(tiny):
@@ -438,6 +440,7 @@ def test_numerical_faults(tiny, tmp_path):
     with open_dict(cfg):
         cfg.checkpoint.save_dir = str(tmp_path)
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.consolidate_optimizer()  # as checkpoint_utils.save_checkpoint does first
     weight = next(model.parameters())
     saved = weight.detach().clone()
     try:
@@ -463,7 +466,7 @@ def test_resume_batches(tiny):
         task.dataset_to_epoch_iter.clear()
         iterator = task.get_batch_iterator(dataset, max_tokens=500, seed=1, epoch=start_epoch)
         if start_epoch == 1:
-            iterator.next_epoch_itr(shuffle=True)
+            list(iterator.next_epoch_itr(shuffle=True))  # the whole of epoch 1
         return [b["id"].tolist() for b in iterator.next_epoch_itr(shuffle=True)]
     with out("resume_batches"):
         assert sorted(map(sorted, epoch2(1))) != sorted(map(sorted, epoch2(2)))  # other groups of sentences
@@ -472,8 +475,7 @@ def test_resume_batches(tiny):
 
 def test_clean_exit():
     def blocked_consumer():
-        source = iter(range(100))
-        iterator = iterators.BufferedIterator(1, source)
+        iterator = iterators.BufferedIterator(1, range(100))
         next(iterator)  # starts the thread; it fills the queue and blocks on put
         return iterator._consumer
     with out("clean_exit"):
@@ -572,9 +574,13 @@ def test_preemption_timeout_reaches_the_patch_through_train_main(data_bin, tmp_p
 
 def test_preemption_timeout_reaches_the_patch_through_hydra_train(data_bin, tmp_path):
     out_ = subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-hydra-train"),
-                           f"task.data={data_bin}", "task._name=translation", "model._name=rnnsearch_tiny",
-                           "criterion._name=cross_entropy", "optimizer._name=adam", "lr_scheduler._name=fixed",
-                           "optimization.lr=[0.001]", "optimization.max_update=1", "dataset.max_tokens=500",
+                           f"++task.data={data_bin}", "++task._name=translation", "++model._name=transformer",
+                           *(f"++model.{k}={v}" for k, v in (("encoder_layers", 1), ("decoder_layers", 1),
+                                                             ("encoder_embed_dim", 32), ("decoder_embed_dim", 32),
+                                                             ("encoder_ffn_embed_dim", 64),
+                                                             ("decoder_ffn_embed_dim", 64))),
+                           "++criterion._name=cross_entropy", "++optimizer._name=adam",
+                           "++lr_scheduler._name=fixed", "optimization.lr=[0.001]", "optimization.max_update=1", "dataset.max_tokens=500",
                            "dataset.num_workers=0", "common.cpu=true", f"common.user_dir={REPO}/fairseq_plugins",
                            f"checkpoint.save_dir={tmp_path}", "+checkpoint.preemption_timeout=-5",
                            f"hydra.run.dir={tmp_path}/hydra"],
