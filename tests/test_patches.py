@@ -4,7 +4,6 @@ with it in; a target that changed keeps fairseq's behaviour with one warning lin
 environment variable that keeps fairseq's behaviour by name."""
 import contextlib
 import importlib
-import io
 import json
 import logging
 import os
@@ -97,7 +96,8 @@ def test_uninstall_leaves_fairseqs_own_attributes():
 
 
 IDENTITY = """
-import os, sys
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 from fairseq_plugins import patches  # every patch disabled by the environment: nothing installed
 assert not any(p.installed for p in patches.PATCHES.values())
 fairseq_own = [(t, vars(t.owner).get(t.name), t.name in vars(t.owner)) for p in patches.PATCHES.values() for t in p.replaces]
@@ -111,11 +111,15 @@ print(changed, len(fairseq_own), same)
 
 
 def test_install_then_uninstall_is_identity():
-    """In a process where the suite changed nothing yet: install all, uninstall all, each attribute ``is`` fairseq's."""
+    """A process with every patch disabled by name has fairseq's attributes; installing all, then
+    uninstalling all, leaves each attribute ``is`` fairseq's own object."""
     env = cli_env({patches.DISABLE: ",".join(patches.PATCHES)})
     out_ = subprocess.run([sys.executable, "-c", IDENTITY], capture_output=True, text=True, env=env, check=True)
     changed, total, same = out_.stdout.split()
     assert int(changed) == total_installed_targets() and same == "True", out_.stderr[-2000:]
+    logged = out_.stderr.splitlines()
+    assert all(f"fairseq-plugins: patch {name} disabled by FAIRSEQ_PLUGINS_DISABLE_PATCHES" in logged
+               for name in patches.PATCHES)
 
 
 def total_installed_targets():
@@ -191,32 +195,26 @@ def test_disable_by_name_and_unknown_name():
     assert all(name in message for name in patches.PATCHES)
 
 
-DISABLED = """
-import logging, sys
-logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
-import fairseq_plugins
-from fairseq import checkpoint_utils
-from fairseq.ngram_repeat_block import NGramRepeatBlock
-from fairseq.distributed import utils as distributed_utils
-print("modules", NGramRepeatBlock._no_repeat_ngram.__module__, checkpoint_utils.load_checkpoint_to_cpu.__module__,
-      distributed_utils._broadcast_object_slow.__module__, checkpoint_utils.torch_persistent_save.__module__)
-"""
+def test_unknown_name_in_the_environment_is_refused_and_nothing_changes(monkeypatch):
+    monkeypatch.setenv(patches.DISABLE, "nope")
+    monkeypatch.setattr(patches, "_disabled", None)  # as in a process that has not installed yet
+    patches.uninstall("no_repeat_ngram")
+    try:
+        with pytest.raises(ConfigError, match=r"^FAIRSEQ_PLUGINS_DISABLE_PATCHES='nope': no patch named nope; "):
+            patches.install_all()
+        assert not patches.PATCHES["no_repeat_ngram"].installed
+    finally:
+        patches.install("no_repeat_ngram")
 
 
-def test_the_environment_variable_keeps_fairseqs_behaviour_by_name():
-    env = cli_env({patches.DISABLE: "no_repeat_ngram,checkpoint_loading"})
-    run = subprocess.run([sys.executable, "-c", DISABLED], capture_output=True, text=True, env=env, check=True)
-    lines = run.stdout.splitlines()
-    assert lines[-1].split() == ["modules", "fairseq.ngram_repeat_block", "fairseq.checkpoint_utils",
-                                 "fairseq.distributed.utils", "fairseq_plugins.patches.atomic_checkpoints"]
-    assert "fairseq-plugins: patch no_repeat_ngram disabled by FAIRSEQ_PLUGINS_DISABLE_PATCHES" in lines
-    assert ("fairseq-plugins: patch broadcast_state left out (fairseq's own behaviour kept): it requires "
-            "checkpoint_loading, which is not installed") in lines
-    bad = subprocess.run([sys.executable, "-c", "import fairseq_plugins"], capture_output=True, text=True,
-                         env=cli_env({patches.DISABLE: "nope"}))
-    assert bad.returncode != 0
-    assert bad.stderr.strip().splitlines()[-1].endswith(
-        "FAIRSEQ_PLUGINS_DISABLE_PATCHES='nope': no patch named nope; the patches are " + ", ".join(sorted(patches.PATCHES)))
+def test_a_patch_whose_requirement_is_out_stays_out(caplog):
+    with out("checkpoint_loading"):
+        assert not patches.PATCHES["broadcast_state"].installed
+        with caplog.at_level(logging.INFO, logger="fairseq_plugins.patches"):
+            assert not patches.install("broadcast_state", skip={"checkpoint_loading"})
+        assert [r.getMessage() for r in caplog.records] == [
+            "fairseq-plugins: patch broadcast_state left out (fairseq's own behaviour kept): it requires "
+            "checkpoint_loading, which is not installed"]
 
 
 # -- for each patch: fairseq's behaviour with it out, the suite's with it in -------------------------------------------

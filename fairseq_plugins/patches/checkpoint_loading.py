@@ -16,7 +16,6 @@ import argparse
 import re
 
 import numpy as np
-import torch
 from fairseq import checkpoint_utils
 
 from fairseq_plugins.errors import CheckpointError
