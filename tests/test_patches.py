@@ -175,6 +175,22 @@ def test_fake_patch_install_uninstall_inherited():
     assert "method" not in vars(Child) and Child.method is Owner.method
 
 
+def test_two_patches_of_one_attribute_uninstall_in_either_order():
+    class Stack(Owner):
+        def method(self, x, y):
+            return ("fairseq", x, y)
+    lower_target, upper_target = Target(Stack, "method", "self, x, y"), Target(Stack, "method", "self, x, y")
+    lower = Patch("tests.lower", {lower_target: lambda self, x, y: ("lower",) + lower_target(self, x, y)})
+    upper = Patch("tests.upper", {upper_target: lambda self, x, y: ("upper",) + upper_target(self, x, y)})
+    fairseq_own = vars(Stack)["method"]
+    assert lower.install() and upper.install()
+    assert Stack().method(1, 2) == ("upper", "lower", "fairseq", 1, 2)
+    lower.uninstall([lower_target, upper_target])  # the one underneath first: the upper one is relinked
+    assert Stack().method(1, 2) == ("upper", "fairseq", 1, 2)
+    upper.uninstall([upper_target])
+    assert vars(Stack)["method"] is fairseq_own
+
+
 def test_a_patch_of_a_fix_fairseq_has_stays_out(caplog):
     fake = Patch("tests.fixed", {FAKE_METHOD: replacement}, fixed_upstream=lambda: True)
     with caplog.at_level(logging.DEBUG, logger="fairseq_plugins.patches"):
