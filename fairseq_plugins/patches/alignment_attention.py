@@ -11,7 +11,9 @@ attention weights (the suite's Transformer, which computes them only on demand, 
 """
 from fairseq.sequence_generator import SequenceGeneratorWithAlignment
 
-_fairseq_generate = SequenceGeneratorWithAlignment.generate
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+GENERATE = Target(SequenceGeneratorWithAlignment, "generate", "self, models, sample, **kwargs")
 
 
 def _generate(self, models, sample, **kwargs):
@@ -20,11 +22,10 @@ def _generate(self, models, sample, **kwargs):
     for m in modules:
         m.need_attn = True
     try:
-        return _fairseq_generate(self, models, sample, **kwargs)
+        return GENERATE(self, models, sample, **kwargs)
     finally:
         for m, value in zip(modules, before):
             m.need_attn = value
 
 
-def install():
-    SequenceGeneratorWithAlignment.generate = _generate
+PATCH = Patch(__name__, {GENERATE: _generate})

@@ -7,7 +7,7 @@ name of that save -- ``checkpoint_best.pt``, ``checkpoint_last.pt`` -- with
 truncated ``checkpoint_last.pt``, the very file the next ``fairseq-train`` resumes from; a
 full disk leaves it half-written and ends in a traceback from inside torch's zip writer.
 
-:func:`install` changes two names inside ``fairseq.checkpoint_utils`` only:
+The patch changes two names inside ``fairseq.checkpoint_utils`` only:
 
 * ``torch_persistent_save``: write ``X.tmp``, flush and fsync it, ``os.replace`` it onto
   ``X``, fsync the directory (:func:`fairseq_plugins.checkpoints.atomic_write`);
@@ -27,12 +27,16 @@ from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from fairseq_plugins.checkpoints import atomic_write
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+SAVE = Target(checkpoint_utils, "torch_persistent_save", "obj, filename, async_write")
+PATH_MANAGER = Target(checkpoint_utils, "PathManager")
 
 
-def torch_persistent_save(obj, filename, async_write=False, _fairseq_save=checkpoint_utils.torch_persistent_save):
+def torch_persistent_save(obj, filename, async_write=False):
     """fairseq's ``torch_persistent_save``, atomic and durable for local paths."""
     if async_write or not isinstance(filename, str) or PathManager.path_requires_pathmanager(filename):
-        return _fairseq_save(obj, filename, async_write=async_write)
+        return SAVE(obj, filename, async_write=async_write)
     with atomic_write(filename) as f:
         torch.save(obj, f)
 
@@ -49,6 +53,4 @@ class AtomicPathManager(PathManager):
         return True
 
 
-def install():
-    checkpoint_utils.torch_persistent_save = torch_persistent_save
-    checkpoint_utils.PathManager = AtomicPathManager
+PATCH = Patch(__name__, {SAVE: torch_persistent_save, PATH_MANAGER: AtomicPathManager})

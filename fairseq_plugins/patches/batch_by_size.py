@@ -8,10 +8,15 @@ them, and validation skips sentences too. :func:`batch_by_size` puts that batch 
 import numpy as np
 from fairseq.data import data_utils
 
+from fairseq_plugins.patches._mechanism import Patch, Target
 
-def batch_by_size(indices, *args, _fairseq_batch_by_size=data_utils.batch_by_size, **kwargs):
+BATCH_BY_SIZE = Target(data_utils, "batch_by_size", "indices, num_tokens_fn, num_tokens_vec, max_tokens, "
+                       "max_sentences, required_batch_size_multiple, fixed_shapes")
+
+
+def batch_by_size(indices, *args, **kwargs):
     """fairseq's batching, keeping every index (0.12.2's behaviour)."""
-    batches = _fairseq_batch_by_size(indices, *args, **kwargs)
+    batches = BATCH_BY_SIZE(indices, *args, **kwargs)
     covered = sum(len(b) for b in batches)
     if covered < len(indices):
         # The batches are consecutive runs of ``indices``: what is missing is the final run,
@@ -20,5 +25,11 @@ def batch_by_size(indices, *args, _fairseq_batch_by_size=data_utils.batch_by_siz
     return batches
 
 
-def install():
-    data_utils.batch_by_size = batch_by_size
+def keeps_every_index():
+    """Whether fairseq's own batching keeps 3 sentences in batches of 2 (a multiple of 2 required)."""
+    indices = np.arange(3, dtype=np.int64)
+    batches = BATCH_BY_SIZE(indices, num_tokens_fn=lambda i: 1, max_sentences=2, required_batch_size_multiple=2)
+    return sum(len(b) for b in batches) == len(indices)
+
+
+PATCH = Patch(__name__, {BATCH_BY_SIZE: batch_by_size}, fixed_upstream=keeps_every_index)

@@ -14,11 +14,14 @@ two data classes, and rebuilds the ``DictConfig`` as fairseq's loader makes it.
 """
 import dataclasses
 
-import torch
 from fairseq.distributed import utils as distributed_utils
 from omegaconf import DictConfig, OmegaConf
 
 from fairseq_plugins.errors import CheckpointError
+from fairseq_plugins.patches._mechanism import Patch, Target
+from fairseq_plugins.patches._weights_only import allowing, weights_only_torch_load
+
+BROADCAST = Target(distributed_utils, "_broadcast_object_slow", "obj, src_rank, group, dist_device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,27 +49,20 @@ def _restored(obj):
     return OmegaConf.create(obj.container, flags={"allow_objects": True}) if isinstance(obj, Config) else obj
 
 
-def _weights_only_load(buffer, *args, _torch_load=torch.load, **kwargs):
-    kwargs["weights_only"] = True
-    try:
-        return _torch_load(buffer, *args, **kwargs)
-    except Exception as e:
-        raise CheckpointError(f"the state broadcast by rank 0 was refused by the weights-only loader "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+def _refused(buffer, e):
+    return CheckpointError(f"the state broadcast by rank 0 was refused by the weights-only loader "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
 
 
-def broadcast_object_slow(obj, src_rank, group, dist_device, _fairseq=distributed_utils._broadcast_object_slow):
+def broadcast_object_slow(obj, src_rank, group, dist_device):
     """fairseq's pickle broadcast, loaded weights-only on the receiving ranks."""
     sending = distributed_utils.get_rank(group) == src_rank
-    torch.load = _weights_only_load  # fairseq's function calls torch.load by name; only receivers reach it
-    try:
-        received = _fairseq(_map(obj, _plain) if sending else None, src_rank, group, dist_device)
-    finally:
-        torch.load = _weights_only_load.__kwdefaults__["_torch_load"]
+    with weights_only_torch_load(_refused):  # fairseq's function calls torch.load by name; only receivers reach it
+        received = BROADCAST(_map(obj, _plain) if sending else None, src_rank, group, dist_device)
     return obj if sending else _map(received, _restored)
 
 
-def install():
-    if hasattr(torch.serialization, "add_safe_globals"):
-        torch.serialization.add_safe_globals([Config, distributed_utils._TensorPlaceholder])
-    distributed_utils._broadcast_object_slow = broadcast_object_slow
+_setup, _teardown = allowing([Config, distributed_utils._TensorPlaceholder])
+# requires checkpoint_loading: the allowlist of a checkpoint's classes is its
+PATCH = Patch(__name__, {BROADCAST: broadcast_object_slow}, requires=["checkpoint_loading"], setup=_setup,
+              teardown=_teardown)

@@ -2,9 +2,9 @@
 
 torch >= 2.6 loads with ``weights_only=True`` by default, and fairseq's
 ``load_checkpoint_to_cpu`` (which does not pass the argument) then fails on the
-``argparse.Namespace`` every fairseq checkpoint holds. :func:`install`
+``argparse.Namespace`` every fairseq checkpoint holds. The patch
 
-* allows exactly the classes fairseq checkpoints contain (``add_safe_globals``), so
+* allows exactly the classes fairseq checkpoints contain (``add_safe_globals``, undone by uninstalling), so
   ``fairseq-generate --path X.pt`` and resuming from ``checkpoint_last.pt`` work with
   the protection against crafted pickles still on;
 * makes fairseq's loaders (``load_checkpoint_to_cpu``, ``load_ema_from_checkpoint``) use ``weights_only=True`` on older torch too (2.4, 2.5), where
@@ -13,14 +13,17 @@ torch >= 2.6 loads with ``weights_only=True`` by default, and fairseq's
   message naming the file, which fairseq's command-line tools print without a traceback.
 """
 import argparse
-import contextlib
 import re
 
 import numpy as np
-import torch
 from fairseq import checkpoint_utils
 
 from fairseq_plugins.errors import CheckpointError
+from fairseq_plugins.patches._mechanism import Patch, Target
+from fairseq_plugins.patches._weights_only import allowing, weights_only_torch_load
+
+LOAD = Target(checkpoint_utils, "load_checkpoint_to_cpu", "path, arg_overrides, load_on_all_ranks")
+LOAD_EMA = Target(checkpoint_utils, "load_ema_from_checkpoint", "fpath")
 
 # What fairseq writes: the legacy ``args`` Namespace; metric values that may be numpy
 # scalars (``best_loss``, ``val_loss``). Containers, tensors and OrderedDict are allowed
@@ -52,39 +55,22 @@ def _refusal(name, error):
     return f"{name}: not a readable checkpoint, truncated or not a torch file ({type(error).__name__}: {first_line})"
 
 
-def _weights_only_load(f, *args, _torch_load=torch.load, **kwargs):
-    kwargs["weights_only"] = True
-    try:
-        return _torch_load(f, *args, **kwargs)
-    except Exception as e:  # whatever the bytes make torch raise, the file is the cause
-        raise CheckpointError(_refusal(getattr(f, "name", f), e)) from None
+def _refused(f, error):
+    return CheckpointError(_refusal(getattr(f, "name", f), error))
 
 
-@contextlib.contextmanager
-def _weights_only_torch_load():
-    """fairseq calls ``torch.load(f, map_location=...)``: make that call weights-only."""
-    torch.load = _weights_only_load
-    try:
-        yield
-    finally:
-        torch.load = _weights_only_load.__kwdefaults__["_torch_load"]
-
-
-def load_checkpoint_to_cpu(path, *args, _fairseq_loader=checkpoint_utils.load_checkpoint_to_cpu, **kwargs):
+def load_checkpoint_to_cpu(path, *args, **kwargs):
     """fairseq's loader, weights-only on every torch version, with one-line errors."""
-    with _weights_only_torch_load():
-        return _fairseq_loader(path, *args, **kwargs)
+    with weights_only_torch_load(_refused):
+        return LOAD(path, *args, **kwargs)
 
 
-def load_ema_from_checkpoint(path, _fairseq_loader=checkpoint_utils.load_ema_from_checkpoint):
+def load_ema_from_checkpoint(path):
     """fairseq's EMA loader (``torch.load`` of its own), weights-only too."""
-    with _weights_only_torch_load():
-        return _fairseq_loader(path)
+    with weights_only_torch_load(_refused):
+        return LOAD_EMA(path)
 
 
-def install():
-    if hasattr(torch.serialization, "add_safe_globals"):
-        torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
-    if checkpoint_utils.load_checkpoint_to_cpu is not load_checkpoint_to_cpu:
-        checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
-    checkpoint_utils.load_ema_from_checkpoint = load_ema_from_checkpoint
+_setup, _teardown = allowing(FAIRSEQ_CHECKPOINT_GLOBALS)
+PATCH = Patch(__name__, {LOAD: load_checkpoint_to_cpu, LOAD_EMA: load_ema_from_checkpoint},
+              setup=_setup, teardown=_teardown)

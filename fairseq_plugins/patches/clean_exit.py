@@ -24,6 +24,10 @@ import torch
 import torch.distributed as dist
 from fairseq.data import iterators
 
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+CONSUMER = Target(iterators, "BackgroundConsumer", "queue, source, max_len, cuda_device")
+
 _POLL_S = 0.05  # how often a consumer waiting on a full queue looks for the stop event
 _JOIN_S = 60.0  # an item being collated finishes well within this
 _live = weakref.WeakSet()
@@ -82,7 +86,5 @@ def _at_exit():
     destroy_process_group()
 
 
-def install():
-    if iterators.BackgroundConsumer is not BackgroundConsumer:
-        iterators.BackgroundConsumer = BackgroundConsumer
-        atexit.register(_at_exit)
+PATCH = Patch(__name__, {CONSUMER: BackgroundConsumer}, setup=lambda: atexit.register(_at_exit),
+              teardown=lambda: atexit.unregister(_at_exit))

@@ -9,18 +9,19 @@ import torch
 from fairseq.distributed import utils as distributed_utils
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+CALL_MAIN = Target(distributed_utils, "call_main", "cfg, main, **kwargs")
 
 
-def call_main(cfg, main, *, _next=None, **kwargs):
+def call_main(cfg, main, **kwargs):
     if cfg.common.cpu or not torch.cuda.is_available():
         for flag in ("memory_efficient_fp16", "fp16"):  # the first implies the second
             if cfg.common.get(flag):
                 raise ConfigError(f"--{flag.replace('_', '-')}: fairseq's fp16 training needs a CUDA GPU; on CPU "
                                   "train in fp32, or in bf16 with --criterion label_smoothed_xent --autocast-bf16")
-    return _next(cfg, main, **kwargs)
+    return CALL_MAIN(cfg, main, **kwargs)
 
 
-def install():
-    if distributed_utils.call_main is not call_main:  # wraps whatever call_main is installed (cpu_launch's)
-        call_main.__kwdefaults__["_next"] = distributed_utils.call_main
-        distributed_utils.call_main = call_main
+# Refused before cpu_launch's call_main spawns workers.
+PATCH = Patch(__name__, {CALL_MAIN: call_main}, requires=["cpu_launch"])

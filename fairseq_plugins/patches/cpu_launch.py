@@ -15,10 +15,13 @@ With ``--cpu`` this patch reads the launcher's environment instead: torchrun's `
 ``RANK``/``LOCAL_RANK`` (``env://``), SLURM's ``SLURM_NTASKS``/``SLURM_PROCID``/``SLURM_LOCALID``
 and the first host of ``SLURM_STEP_NODELIST``/``SLURM_JOB_NODELIST`` (``--distributed-port``
 required), or, without a launcher, spawns ``--distributed-world-size`` workers on 127.0.0.1.
-It picks gloo and legacy_ddp unless the user chose otherwise (a GPU-only choice is refused).
+fairseq's GPU-only backends (nccl, pytorch_ddp/c10d) become gloo and legacy_ddp, with one log line.
+Everything is read from fairseq's parsed configuration (``cfg.distributed_training``), so
+``fairseq-hydra-train`` and ``fairseq_cli.train.main`` callers get the same.
 On every device, a launcher that started N > 1 processes while fairseq would form a world of
 another size (N independent copies, silently) is refused with one line.
 """
+import logging
 import os
 import re
 import signal
@@ -29,13 +32,11 @@ import torch
 from fairseq.distributed import utils as distributed_utils
 
 from fairseq_plugins.errors import ConfigError, PluginError
+from fairseq_plugins.patches._mechanism import Patch, Target
 
+logger = logging.getLogger(__name__)
+CALL_MAIN = Target(distributed_utils, "call_main", "cfg, main, **kwargs")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # what schedulers send; the workers save and stop
-
-
-def _given(flag):
-    """Whether the user typed ``flag`` (fairseq's config cannot tell a default from a choice)."""
-    return any(arg == flag or arg.startswith(flag + "=") for arg in sys.argv[1:])
 
 
 def first_host(nodelist):
@@ -83,14 +84,12 @@ def _free_port():
 
 
 def _cpu_backends(d):
+    """fairseq's defaults (nccl, pytorch_ddp) need a GPU per worker: the CPU ones instead."""
     if d.distributed_backend == "nccl":
-        if _given("--distributed-backend"):
-            raise ConfigError("--distributed-backend nccl: needs GPUs; use gloo with --cpu")
+        logger.info("--cpu: --distributed-backend gloo (nccl needs GPUs)")
         d.distributed_backend = "gloo"
     if d.ddp_backend in ("c10d", "pytorch_ddp"):
-        if _given("--ddp-backend"):
-            raise ConfigError(f"--ddp-backend {d.ddp_backend}: fairseq gives it a GPU per worker; "
-                              "use --ddp-backend legacy_ddp with --cpu")
+        logger.info(f"--cpu: --ddp-backend legacy_ddp ({d.ddp_backend} gives each worker a GPU)")
         d.ddp_backend = "legacy_ddp"
 
 
@@ -155,7 +154,7 @@ def spawn(cfg, main, kwargs):
             signal.signal(signum, handler)
 
 
-def call_main(cfg, main, _fairseq=distributed_utils.call_main, **kwargs):
+def call_main(cfg, main, **kwargs):
     if cfg.common.cpu or not torch.cuda.is_available():
         configure_cpu(cfg)
     elif cfg.distributed_training.distributed_init_method is None:
@@ -164,8 +163,7 @@ def call_main(cfg, main, _fairseq=distributed_utils.call_main, **kwargs):
     d = cfg.distributed_training
     if (cfg.common.cpu or not torch.cuda.is_available()) and d.distributed_init_method and not d.distributed_no_spawn:
         return spawn(cfg, main, kwargs)
-    return _fairseq(cfg, main, **kwargs)
+    return CALL_MAIN(cfg, main, **kwargs)
 
 
-def install():
-    distributed_utils.call_main = call_main
+PATCH = Patch(__name__, {CALL_MAIN: call_main})

@@ -10,15 +10,21 @@ are left alone.
 """
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-_fairseq_load = TransformerEncoderLayerBase.__dict__.get("_load_from_state_dict")
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+LOAD = Target(TransformerEncoderLayerBase, "_load_from_state_dict",
+              "self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs")
 
 
 def load_encoder_layer_state(layer, *args):
     """0.12.2's state-dict loading, which also fills the fast path's fused weights, without arming that path."""
-    _fairseq_load(layer, *args)
+    LOAD(layer, *args)
     layer.load_to_BT = False  # the flag both the encoder and its layers test before the fast path
 
 
-def install():
-    if _fairseq_load is not None:  # only 0.12.2 overrides it (fast path)
-        TransformerEncoderLayerBase._load_from_state_dict = load_encoder_layer_state
+def has_fast_path():
+    """Only 0.12.2's encoder layer has its own ``_load_from_state_dict`` (it fills the fast path's weights)."""
+    return "_load_from_state_dict" in vars(TransformerEncoderLayerBase)
+
+
+PATCH = Patch(__name__, {LOAD: load_encoder_layer_state}, applies=has_fast_path)

@@ -15,8 +15,9 @@ from fairseq.models import FairseqEncoderDecoderModel
 from omegaconf import open_dict
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.patches._mechanism import Patch, Target
 
-_fairseq_score = GeneratorHubInterface.score
+SCORE = Target(GeneratorHubInterface, "score", "self, sentences, replace_newline_with_eos, **kwargs")
 
 
 def _encode_target(hub, sentence):
@@ -27,7 +28,7 @@ def score(self, sentences, replace_newline_with_eos: bool = False, targets=None,
     if targets is None:
         if isinstance(self.models[0], FairseqEncoderDecoderModel):
             raise ConfigError("score() of a translation model needs targets=: the translation(s) to score")
-        return _fairseq_score(self, sentences, replace_newline_with_eos, **kwargs)
+        return SCORE(self, sentences, replace_newline_with_eos, **kwargs)
     if isinstance(sentences, str) != isinstance(targets, str):
         raise ConfigError("score(): give one source and one target string, or two lists of the same length")
     if isinstance(sentences, str):
@@ -54,5 +55,4 @@ def score(self, sentences, replace_newline_with_eos: bool = False, targets=None,
     return [by_id[i][0] for i in range(len(src))]
 
 
-def install():
-    GeneratorHubInterface.score = score
+PATCH = Patch(__name__, {SCORE: score})

@@ -22,6 +22,10 @@ import torch.distributed as dist
 from fairseq.distributed import utils as distributed_utils
 
 from fairseq_plugins.errors import PluginError
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+INIT = Target(distributed_utils, "distributed_init", "cfg")
+MAIN = Target(distributed_utils, "distributed_main", "i, main, cfg, kwargs")
 
 PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out",
                  "Connection refused")
@@ -31,20 +35,23 @@ class LostWorker(PluginError, RuntimeError):
     """A peer worker died or stopped answering during training."""
 
 
-class _Peers:
-    pids = None  # [(pid, host id)] by rank, once the process group is up
+class Peers:
+    """The workers of one ``distributed_main`` call: [(pid, host id)] by rank, once the process group is up."""
+
+    def __init__(self):
+        self.pids = None
 
 
 def _host_id():
     return zlib.crc32(socket.gethostname().encode())
 
 
-def _exchange_pids(cfg):
+def _exchange_pids(peers, cfg):
     world = dist.get_world_size()
     mine = torch.tensor([os.getpid(), _host_id()], dtype=torch.int64)
     everyone = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine)
-    _Peers.pids = [tuple(t.tolist()) for t in everyone]
+    peers.pids = [tuple(t.tolist()) for t in everyone]
     return cfg
 
 
@@ -57,20 +64,20 @@ def _gone(pid):
         return True
 
 
-def lost_ranks():
+def lost_ranks(peers):
     """The ranks known to be gone: on this host, those whose process ended; of two workers, the other."""
-    if not _Peers.pids:
+    if not peers.pids:
         return []
     me = dist.get_rank() if dist.is_initialized() else None
     here = _host_id()
-    gone = [r for r, (pid, host) in enumerate(_Peers.pids) if r != me and host == here and _gone(pid)]
-    if not gone and len(_Peers.pids) == 2 and me is not None:
+    gone = [r for r, (pid, host) in enumerate(peers.pids) if r != me and host == here and _gone(pid)]
+    if not gone and len(peers.pids) == 2 and me is not None:
         gone = [1 - me]
     return gone
 
 
-def _report(error, cfg):
-    ranks = lost_ranks()
+def _report(error, cfg, peers):
+    ranks = lost_ranks(peers)
     who = f"rank {', '.join(map(str, ranks))}" if ranks else "a worker on another host"
     cause = next(s for s in PEER_FAILURES if s in str(error))
     save_dir = cfg.checkpoint.save_dir
@@ -79,30 +86,29 @@ def _report(error, cfg):
                       f"{os.path.join(save_dir, 'checkpoint_last.pt')}")
 
 
-def distributed_init(cfg, _fairseq=distributed_utils.distributed_init):
+def distributed_init(cfg):
     """fairseq's process-group set-up, with ``--heartbeat-timeout`` as the collectives' timeout."""
     timeout = cfg.distributed_training.heartbeat_timeout
     if timeout <= 0 or dist.is_initialized():
-        return _fairseq(cfg)
+        return INIT(cfg)
     real = dist.init_process_group
     dist.init_process_group = functools.partial(real, timeout=datetime.timedelta(seconds=timeout))
     try:
-        return _fairseq(cfg)
+        return INIT(cfg)
     finally:
         dist.init_process_group = real
 
 
-def distributed_main(i, main, cfg, kwargs, _fairseq=distributed_utils.distributed_main):
+def distributed_main(i, main, cfg, kwargs):
+    peers = Peers()
     chained = kwargs.pop("after_distributed_init_fn", None)
-    kwargs["after_distributed_init_fn"] = lambda c: _exchange_pids(chained(c) if chained else c)
+    kwargs["after_distributed_init_fn"] = lambda c: _exchange_pids(peers, chained(c) if chained else c)
     try:
-        return _fairseq(i, main, cfg, kwargs)
+        return MAIN(i, main, cfg, kwargs)
     except RuntimeError as e:
         if isinstance(e, PluginError) or not any(s in str(e) for s in PEER_FAILURES):
             raise
-        raise _report(e, cfg) from None
+        raise _report(e, cfg, peers) from None
 
 
-def install():
-    distributed_utils.distributed_init = distributed_init
-    distributed_utils.distributed_main = distributed_main
+PATCH = Patch(__name__, {INIT: distributed_init, MAIN: distributed_main})

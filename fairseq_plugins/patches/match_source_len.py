@@ -9,13 +9,19 @@ banned before step |S| and is the only choice at step |S|, with its own log-prob
 Any search works under it (beam, sampling); fairseq's length-constrained one is bypassed for
 the plain beam search it wraps.
 """
+import contextlib
 import math
 
 import torch
 from fairseq.search import LengthConstrainedBeamSearch
-from fairseq.sequence_generator import SequenceGenerator
+from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 
-_fairseq_generate = SequenceGenerator._generate
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+# generate, not _generate: the Python entry of every generator class (the alignment one has its
+# own); _generate stays fairseq's, so torch.jit.script(SequenceGenerator(...)) compiles as without the suite.
+GENERATE = Target(SequenceGenerator, "generate", "self, models, sample, **kwargs")
+GENERATE_WITH_ALIGNMENT = Target(SequenceGeneratorWithAlignment, "generate", "self, models, sample, **kwargs")
 
 
 def _source_words(generator, sample):
@@ -41,15 +47,18 @@ def _constrained_step(search_step, eos, keys, words_by_key):
     return step
 
 
-def _generate(self, sample, *args, **kwargs):
-    if not self.match_source_len:
-        return _fairseq_generate(self, sample, *args, **kwargs)
-    search = self.search
+@contextlib.contextmanager
+def _matching_source_length(generator, sample):
+    """For one call: the generator's search constrained to the source lengths of ``sample``."""
+    if not generator.match_source_len:
+        yield
+        return
+    search = generator.search
     own_step = vars(search).get("step")  # an instance attribute someone else set, if any
     choose = search.beam.step if isinstance(search, LengthConstrainedBeamSearch) else search.step
-    search.step = _constrained_step(choose, self.eos, *_source_words(self, sample))
+    search.step = _constrained_step(choose, generator.eos, *_source_words(generator, sample))
     try:
-        return _fairseq_generate(self, sample, *args, **kwargs)
+        yield
     finally:
         if own_step is None:
             del search.step  # back to the class's method
@@ -57,5 +66,14 @@ def _generate(self, sample, *args, **kwargs):
             search.step = own_step
 
 
-def install():
-    SequenceGenerator._generate = _generate
+def generate(self, models, sample, **kwargs):
+    with _matching_source_length(self, sample):
+        return GENERATE(self, models, sample, **kwargs)
+
+
+def generate_with_alignment(self, models, sample, **kwargs):
+    with _matching_source_length(self, sample):
+        return GENERATE_WITH_ALIGNMENT(self, models, sample, **kwargs)
+
+
+PATCH = Patch(__name__, {GENERATE: generate, GENERATE_WITH_ALIGNMENT: generate_with_alignment})

@@ -4,16 +4,41 @@ A model that has not learned to end sentences (too few updates, an initialisatio
 trains slowly: issue 18) fills every hypothesis up to ``max_len_a * src_len + max_len_b``
 tokens, and fairseq-generate reports only a low BLEU. This counts, per translated sentence,
 whether its best hypothesis was cut at the limit (EOS forced at step ``max_len``, fairseq's
-``SequenceGenerator._generate``), and ``fairseq-generate`` ends with one warning line when
-that was the case for more than half of them.
+``SequenceGenerator._generate``), on the generator that translated it
+(``generator.length_limit_counts``), and ``fairseq-generate`` ends with one warning line when
+that was the case for more than half of the sentences its generators translated.
 """
+import contextvars
 import logging
 
 import fairseq_cli.generate as generate_cli
-from fairseq.sequence_generator import SequenceGenerator
+from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
+
+from fairseq_plugins.patches._mechanism import Patch, Target
 
 logger = logging.getLogger("fairseq_plugins.max_len_warning")
-counts = {"sentences": 0, "at_limit": 0}
+
+# generate, not _generate: the Python entry of every generator class (the alignment one has its
+# own); _generate stays fairseq's, so torch.jit.script(SequenceGenerator(...)) compiles as without the suite.
+GENERATE = Target(SequenceGenerator, "generate", "self, models, sample, **kwargs")
+GENERATE_WITH_ALIGNMENT = Target(SequenceGeneratorWithAlignment, "generate", "self, models, sample, **kwargs")
+MAIN = Target(generate_cli, "_main", "cfg, output_file")
+
+# The generators that translated within the fairseq-generate call in progress (in this thread or task).
+_run = contextvars.ContextVar("fairseq_plugins.max_len_warning.run", default=None)
+
+
+class LengthLimitCounts:
+    """A generator's count of translated sentences, and of those whose best hypothesis was cut at the limit."""
+
+    def __init__(self):
+        self.sentences = 0
+        self.at_limit = 0
+
+
+def counts(generator):
+    """The generator's own :class:`LengthLimitCounts` (made at its first batch)."""
+    return vars(generator).setdefault("length_limit_counts", LengthLimitCounts())
 
 
 def length_limit(generator: SequenceGenerator, sample) -> int:
@@ -24,19 +49,25 @@ def length_limit(generator: SequenceGenerator, sample) -> int:
     return min(int(generator.max_len_a * src_tokens.size(1) + generator.max_len_b), generator.max_len - 1)
 
 
-def counting_generate(original):
-    # _generate: the beam search every generator class runs (with alignment, translation_wu too)
-    def _generate(self, sample, *args, **kwargs):
-        finalized = original(self, sample, *args, **kwargs)
-        limit = length_limit(self, sample)
-        for hypos in finalized:
-            counts["sentences"] += 1
-            # a hypothesis cut at the limit has max_len tokens and the forced EOS
-            counts["at_limit"] += bool(hypos) and hypos[0]["tokens"].numel() > limit
-        return finalized
+def _count(generator, sample, finalized):
+    limit = length_limit(generator, sample)
+    own = counts(generator)
+    for hypos in finalized:
+        own.sentences += 1
+        # a hypothesis cut at the limit has max_len tokens and the forced EOS
+        own.at_limit += bool(hypos) and hypos[0]["tokens"].numel() > limit
+    run = _run.get()
+    if run is not None and generator not in run:
+        run.append(generator)
+    return finalized
 
-    _generate.wrapped = original
-    return _generate
+
+def generate(self, models, sample, **kwargs):
+    return _count(self, sample, GENERATE(self, models, sample, **kwargs))
+
+
+def generate_with_alignment(self, models, sample, **kwargs):
+    return _count(self, sample, GENERATE_WITH_ALIGNMENT(self, models, sample, **kwargs))
 
 
 def warning(at_limit: int, sentences: int, max_len_a, max_len_b) -> str:
@@ -45,22 +76,19 @@ def warning(at_limit: int, sentences: int, max_len_a, max_len_b) -> str:
             "sentence: the model has not learned to stop (train longer) or the limit is too small")
 
 
-def reporting_main(original):
-    def _main(cfg, output_file):
-        counts.update(sentences=0, at_limit=0)
-        result = original(cfg, output_file)
-        if counts["at_limit"] * 2 > counts["sentences"]:
-            logger.warning(warning(counts["at_limit"], counts["sentences"], cfg.generation.max_len_a,
-                                   cfg.generation.max_len_b))
-        return result
+def main(cfg, output_file):
+    """fairseq-generate's ``_main``, ending with the warning when most of its hypotheses were cut."""
+    generators = []
+    token = _run.set(generators)
+    try:
+        result = MAIN(cfg, output_file)
+    finally:
+        _run.reset(token)
+    at_limit = sum(counts(g).at_limit for g in generators)
+    sentences = sum(counts(g).sentences for g in generators)
+    if at_limit * 2 > sentences:
+        logger.warning(warning(at_limit, sentences, cfg.generation.max_len_a, cfg.generation.max_len_b))
+    return result
 
-    _main.wrapped = original
-    return _main
 
-
-def install() -> None:
-    """Idempotent: wraps SequenceGenerator._generate and fairseq-generate's _main once."""
-    if not hasattr(SequenceGenerator._generate, "wrapped"):
-        SequenceGenerator._generate = counting_generate(SequenceGenerator._generate)
-    if not hasattr(generate_cli._main, "wrapped"):
-        generate_cli._main = reporting_main(generate_cli._main)
+PATCH = Patch(__name__, {GENERATE: generate, GENERATE_WITH_ALIGNMENT: generate_with_alignment, MAIN: main})

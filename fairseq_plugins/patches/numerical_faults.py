@@ -15,7 +15,7 @@ first module whose output is NaN/Inf. Three things go wrong there:
 * a checkpoint is saved whatever the parameters hold: an optimizer step that overflows
   (``--lr 1e39`` in fp32) writes Inf parameters to ``checkpoint_last.pt`` and the next update fails.
 
-:func:`install` changes, in fairseq's trainer only:
+The patch changes, in fairseq's trainer only:
 
 * ``fairseq.trainer.NanDetector``: :class:`NanDetector`, fairseq's detector whose backward
   check is a hook on each output tensor (any nesting of dicts, lists and tuples), which
@@ -36,6 +36,11 @@ from fairseq import nan_detector, trainer as fairseq_trainer
 from fairseq.trainer import Trainer
 
 from fairseq_plugins.errors import NumericalError
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+DETECTOR = Target(fairseq_trainer, "NanDetector", "model, forward, backward")
+TRAIN_STEP = Target(Trainer, "train_step", "self, samples, raise_oom")
+SAVE = Target(Trainer, "save_checkpoint", "self, filename, extra_state")
 
 logger = logging.getLogger(__name__)
 
@@ -227,13 +232,13 @@ def _update_report(trainer, samples, error, diagnosis):
     return "; ".join(parts)
 
 
-def train_step(self, samples, raise_oom=False, _fairseq_train_step=Trainer.train_step):
+def train_step(self, samples, raise_oom=False):
     """fairseq's ``train_step``; a NaN/Inf ends it with :class:`NumericalError`."""
     model = self.get_model()
     outer = _diagnosis_of(model)  # fairseq's AMP retry calls train_step again from inside train_step
     diagnosis = vars(model)[DIAGNOSIS] = _Diagnosis(self)
     try:
-        return _fairseq_train_step(self, samples, raise_oom)
+        return TRAIN_STEP(self, samples, raise_oom)
     except NumericalError:
         raise  # already reported
     except FloatingPointError as error:
@@ -245,10 +250,7 @@ def train_step(self, samples, raise_oom=False, _fairseq_train_step=Trainer.train
             vars(model)[DIAGNOSIS] = outer
 
 
-train_step.reports_numerical_faults = True
-
-
-def save_checkpoint(self, filename, extra_state, _fairseq_save=Trainer.save_checkpoint):
+def save_checkpoint(self, filename, extra_state):
     """fairseq's ``save_checkpoint``, refusing non-finite parameters (except in ``crash.pt``)."""
     crash = os.path.basename(filename) == CRASH_CHECKPOINT
     if not crash:
@@ -257,16 +259,11 @@ def save_checkpoint(self, filename, extra_state, _fairseq_save=Trainer.save_chec
             raise NumericalError(
                 f"update {self.get_num_updates()}: the parameters hold NaN/Inf after its optimizer step "
                 f"({_first_of(bad, total)}); {filename} was not written and {_last_checkpoint(self)}; lower --lr")
-    result = _fairseq_save(self, filename, extra_state)  # the path on 0.12.3.1, None on 0.12.2
+    result = SAVE(self, filename, extra_state)  # the path on 0.12.3.1, None on 0.12.2
     diagnosis = _diagnosis_of(self.get_model())
     if crash and diagnosis is not None and self.should_save_checkpoint_on_current_rank:
         diagnosis.crash_checkpoint = filename
     return result
 
 
-def install():
-    if getattr(Trainer.train_step, "reports_numerical_faults", False):
-        return  # installed already
-    fairseq_trainer.NanDetector = NanDetector
-    Trainer.train_step = train_step
-    Trainer.save_checkpoint = save_checkpoint
+PATCH = Patch(__name__, {DETECTOR: NanDetector, TRAIN_STEP: train_step, SAVE: save_checkpoint})

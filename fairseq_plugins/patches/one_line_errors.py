@@ -8,14 +8,16 @@ process prints ``error: <message>`` instead; every other exception keeps its tra
 import sys
 
 from fairseq_plugins.errors import PluginError
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+EXCEPTHOOK = Target(sys, "excepthook")
 
 
-def _excepthook(exc_type, exc, tb, _previous=sys.excepthook):
+def _excepthook(exc_type, exc, tb):
     if issubclass(exc_type, PluginError):
         print(f"error: {exc}", file=sys.stderr)
     else:
-        _previous(exc_type, exc, tb)
+        EXCEPTHOOK(exc_type, exc, tb)
 
 
-def install():
-    sys.excepthook = _excepthook
+PATCH = Patch(__name__, {EXCEPTHOOK: _excepthook})

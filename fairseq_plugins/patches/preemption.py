@@ -12,9 +12,13 @@ update, so the run ends as an uninterrupted one would.
 
 ``--preemption-timeout S`` (default 60) bounds the wait: a worker that has not stopped S
 seconds after the signal (a long validation, a peer that died) prints one line and exits
-with the same status, without a new checkpoint.
+with the same status, without a new checkpoint. It is a field of fairseq's ``CheckpointConfig``
+(``cfg.checkpoint.preemption_timeout``), so it reaches the patch from ``fairseq-train``, from
+``fairseq_cli.train.main(cfg)``, and from ``fairseq-hydra-train +checkpoint.preemption_timeout=S``
+(the ``+``: hydra composes its config before the suite is imported). The signals are armed when
+fairseq's training loop starts (``fairseq_cli.train.train``); the run's state lives on its trainer.
 """
-import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -22,114 +26,134 @@ import threading
 
 import fairseq_cli.train as fairseq_train
 import torch
-from fairseq import checkpoint_utils, options
+from fairseq import checkpoint_utils
+from fairseq.dataclass.configs import CheckpointConfig
+from fairseq.dataclass.initialize import hydra_init
 from fairseq.distributed import utils as distributed_utils
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.patches._mechanism import Patch, Target
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later" -- rerun the same command
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 DEFAULT_TIMEOUT = 60.0
 
 
-class _State:
-    received = None  # the name of the first signal received
-    timeout = DEFAULT_TIMEOUT
-    saved_at = None  # the update of the last checkpoint written in this process
-    stopping = False  # the checkpoint of the stop is written; only exiting remains
+@dataclasses.dataclass
+class _Option:
+    preemption_timeout: float = dataclasses.field(default=DEFAULT_TIMEOUT, metadata={
+        "help": "on SIGTERM/SIGUSR1 save checkpoint_last.pt at the next update and exit with status "
+                f"{EXIT_PREEMPTED}; give up (no new checkpoint) after this many seconds"})
 
 
-def add_checkpoint_args(parser, _fairseq=options.add_checkpoint_args):
-    group = _fairseq(parser)
-    group.add_argument("--preemption-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                       help="on SIGTERM/SIGUSR1 save checkpoint_last.pt at the next update and exit with "
-                            f"status {EXIT_PREEMPTED}; give up (no new checkpoint) after S seconds")
-    return group
+# --preemption-timeout as a field of fairseq's CheckpointConfig: the argparse flag, the
+# omegaconf config and hydra's schema (stored again by fairseq's hydra_init) are made from it.
+FIELDS = Target(CheckpointConfig, "__dataclass_fields__")
+ANNOTATIONS = Target(CheckpointConfig, "__annotations__")
+DEFAULT = Target(CheckpointConfig, "preemption_timeout", absent=True)
+TRAIN = Target(fairseq_train, "train", "cfg, trainer, task, epoch_itr")
+VALIDATE_AND_SAVE = Target(fairseq_train, "validate_and_save",
+                           "cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch")
+SAVE = Target(checkpoint_utils, "save_checkpoint", "cfg, trainer, epoch_itr, val_loss")
 
 
-def _timeout_flag():
-    """``--preemption-timeout`` from the command line (every worker has it: torchrun, srun, spawn)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--preemption-timeout", type=float, default=DEFAULT_TIMEOUT)
-    timeout = parser.parse_known_args(sys.argv[1:])[0].preemption_timeout
-    if not timeout > 0:
-        raise ConfigError(f"--preemption-timeout {timeout:g}: must be a positive number of seconds")
-    return timeout
+class Preemption:
+    """One training run's signals and stop (kept on its trainer as ``trainer.preemption``)."""
 
+    def __init__(self, timeout):
+        self.timeout = timeout
+        self.received = None  # the name of the first signal received
+        self.saved_at = None  # the update of the last checkpoint written by this trainer
+        self.stopping = False  # the checkpoint of the stop is written; only exiting remains
 
-def _give_up():
-    if not _State.stopping:
-        print(f"error: {_State.received}: no update boundary reached within --preemption-timeout "
-              f"{_State.timeout:g} s; stopped without a new checkpoint (a restart resumes from checkpoint_last.pt)",
-              file=sys.stderr, flush=True)
-    os._exit(EXIT_PREEMPTED)
+    def arm(self):
+        """Turn SIGTERM/SIGUSR1 into a stop at the next update of this run."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd)
+        threading.Thread(target=self._watch, args=(read_fd,), daemon=True).start()
+        for signum in SIGNALS:
+            signal.signal(signum, _on_signal)
+
+    def _watch(self, read_fd):
+        """Record each signal as soon as it arrives, and arm the deadline.
+
+        The main thread runs Python signal handlers only between bytecodes, so one blocked in a
+        collective that a dead or frozen peer never completes would not see the signal at all;
+        ``signal.set_wakeup_fd`` writes the signal's number to a pipe from the C handler instead.
+        """
+        while True:
+            signum = os.read(read_fd, 1)[0]
+            if signum in SIGNALS and self.received is None:
+                self.received = signal.Signals(signum).name
+                timer = threading.Timer(self.timeout, self._give_up)
+                timer.daemon = True
+                timer.start()
+
+    def _give_up(self):
+        if not self.stopping:
+            print(f"error: {self.received}: no update boundary reached within --preemption-timeout "
+                  f"{self.timeout:g} s; stopped without a new checkpoint (a restart resumes from checkpoint_last.pt)",
+                  file=sys.stderr, flush=True)
+        os._exit(EXIT_PREEMPTED)
 
 
 def _on_signal(signum, frame):
     """Python's handler: only there to replace the default action (the watcher records the signal)."""
 
 
-def _watch(read_fd):
-    """Record each signal as soon as it arrives, and arm the deadline.
-
-    The main thread runs Python signal handlers only between bytecodes, so one blocked in a
-    collective that a dead or frozen peer never completes would not see the signal at all;
-    ``signal.set_wakeup_fd`` writes the signal's number to a pipe from the C handler instead.
-    """
-    while True:
-        signum = os.read(read_fd, 1)[0]
-        if signum in SIGNALS and _State.received is None:
-            _State.received = signal.Signals(signum).name
-            timer = threading.Timer(_State.timeout, _give_up)
-            timer.daemon = True
-            timer.start()
+def _timeout(cfg):
+    timeout = cfg.checkpoint.get("preemption_timeout", DEFAULT_TIMEOUT)
+    if not timeout > 0:
+        raise ConfigError(f"--preemption-timeout {timeout:g}: must be a positive number of seconds")
+    return timeout
 
 
-def _stop_agreed(trainer):
+def _stop_agreed(trainer, preemption):
     """Whether any worker received a signal: one all-reduce of a flag per update."""
-    flag = torch.tensor([float(_State.received is not None)], device=trainer.device)
+    flag = torch.tensor([float(preemption.received is not None)], device=trainer.device)
     if trainer.data_parallel_world_size > 1:
         distributed_utils.all_reduce(flag, group=trainer.data_parallel_process_group, op="max")
     return flag.item() > 0
 
 
-def save_checkpoint(cfg, trainer, epoch_itr, val_loss, _fairseq=checkpoint_utils.save_checkpoint):
-    path = _fairseq(cfg, trainer, epoch_itr, val_loss)
-    _State.saved_at = trainer.get_num_updates()
+def train(cfg, trainer, task, epoch_itr):
+    """fairseq's epoch loop; the run's first epoch arms the signals (the main thread of a worker)."""
+    if "preemption" not in vars(trainer):
+        trainer.preemption = Preemption(_timeout(cfg))
+        if threading.current_thread() is threading.main_thread():  # signals reach only the main thread
+            trainer.preemption.arm()
+    return TRAIN(cfg, trainer, task, epoch_itr)
+
+
+def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
+    path = SAVE(cfg, trainer, epoch_itr, val_loss)
+    if "preemption" in vars(trainer):
+        trainer.preemption.saved_at = trainer.get_num_updates()
     return path
 
 
-def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch,
-                      _fairseq=fairseq_train.validate_and_save):
-    stop = _stop_agreed(trainer)
-    valid_losses, should_stop = _fairseq(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
+def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
+    preemption = vars(trainer).get("preemption")
+    stop = preemption is not None and _stop_agreed(trainer, preemption)
+    valid_losses, should_stop = VALIDATE_AND_SAVE(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
     if stop and not should_stop:  # a run that ends here anyway ends normally
         update = trainer.get_num_updates()
-        if _State.saved_at != update:
+        if preemption.saved_at != update:
             checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
-        _State.stopping = True
+        preemption.stopping = True
         if trainer.data_parallel_rank == 0:
             last = os.path.join(cfg.checkpoint.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
-            print(f"preempted ({_State.received or 'signal to another worker'}): saved {last} at update {update}; "
-                  f"rerun the same command to resume (exit status {EXIT_PREEMPTED})", file=sys.stderr, flush=True)
+            print(f"preempted ({preemption.received or 'signal to another worker'}): saved {last} at update "
+                  f"{update}; rerun the same command to resume (exit status {EXIT_PREEMPTED})",
+                  file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)
     return valid_losses, should_stop
 
 
-def main(cfg, _fairseq=fairseq_train.main, **kwargs):
-    """fairseq-train's per-worker ``main`` with the signals turned into a stop at the next update."""
-    _State.timeout = _timeout_flag()
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    signal.set_wakeup_fd(write_fd)
-    threading.Thread(target=_watch, args=(read_fd,), daemon=True).start()
-    for signum in SIGNALS:
-        signal.signal(signum, _on_signal)
-    return _fairseq(cfg, **kwargs)
-
-
-def install():
-    options.add_checkpoint_args = add_checkpoint_args
-    checkpoint_utils.save_checkpoint = save_checkpoint
-    fairseq_train.validate_and_save = validate_and_save
-    fairseq_train.main = main
+PATCH = Patch(__name__, {
+    FIELDS: {**CheckpointConfig.__dataclass_fields__, **_Option.__dataclass_fields__},
+    ANNOTATIONS: {**CheckpointConfig.__annotations__, **_Option.__annotations__},
+    DEFAULT: DEFAULT_TIMEOUT,
+    TRAIN: train, VALIDATE_AND_SAVE: validate_and_save, SAVE: save_checkpoint,
+}, setup=hydra_init, teardown=hydra_init)

@@ -16,6 +16,8 @@ every form; the fixes:
 * ``--print-alignment``: the alignment is a list of (source, target) word pairs, or of
   probability rows with ``soft`` (``TypeError``); both are read as such.
 """
+import contextvars
+
 import fairseq.utils as fairseq_utils
 import fairseq_cli.generate
 import torch
@@ -23,20 +25,28 @@ from fairseq.tasks import FairseqTask
 from omegaconf import open_dict
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.patches._mechanism import Patch, Target
+
+LOAD_ALIGN_DICT = Target(fairseq_utils, "load_align_dict", "replace_unk")
+REPLACE_UNK = Target(fairseq_utils, "replace_unk", "hypo_str, src_str, alignment, align_dict, unk")
+POST_PROCESS = Target(fairseq_utils, "post_process_prediction",
+                      "hypo_tokens, src_str, alignment, align_dict, tgt_dict, remove_bpe, extra_symbols_to_ignore")
+BUILD_GENERATOR = Target(FairseqTask, "build_generator",
+                         "self, models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn")
+INFERENCE_STEP = Target(FairseqTask, "inference_step", "self, generator, models, sample, prefix_tokens, constraints")
+GENERATE_MAIN = Target(fairseq_cli.generate, "main", "cfg")
 
 NO_FILE = "@@ "  # what fairseq's --replace-unk gives when no file name follows it
-_fairseq = {"load_align_dict": fairseq_utils.load_align_dict, "replace_unk": fairseq_utils.replace_unk,
-            "post_process_prediction": fairseq_utils.post_process_prediction,
-            "build_generator": FairseqTask.build_generator, "inference_step": FairseqTask.inference_step,
-            "generate_main": fairseq_cli.generate.main}
-_binarized = {}  # "align_dict" while fairseq-generate runs --replace-unk on binarized data
+# The alignment dictionary of the fairseq-generate call in progress (this thread or task) that
+# replaces UNKs on binarized data, where fairseq's own --replace-unk must be off.
+_binarized_align_dict = contextvars.ContextVar("fairseq_plugins.replace_unk.align_dict", default=None)
 
 
 def load_align_dict(replace_unk):
     if replace_unk == NO_FILE or replace_unk is True:
         return {}
     try:
-        return _fairseq["load_align_dict"](replace_unk)
+        return LOAD_ALIGN_DICT(replace_unk)
     except (OSError, IndexError) as e:
         raise ConfigError(f"--replace-unk {replace_unk}: not a readable alignment dictionary "
                           f"(lines 'source target'): {e}") from None
@@ -67,17 +77,16 @@ def replace_unk(hypo_str, src_str, alignment, align_dict, unk):
 
 def post_process_prediction(hypo_tokens, src_str, alignment, align_dict, tgt_dict, *args, **kwargs):
     if align_dict is None:
-        align_dict = _binarized.get("align_dict")
-    return _fairseq["post_process_prediction"](hypo_tokens, src_str, alignment, align_dict, tgt_dict,
-                                               *args, **kwargs)
+        align_dict = _binarized_align_dict.get()
+    return POST_PROCESS(hypo_tokens, src_str, alignment, align_dict, tgt_dict, *args, **kwargs)
 
 
 def _replacing(args):
-    return getattr(args, "replace_unk", None) is not None or "align_dict" in _binarized
+    return getattr(args, "replace_unk", None) is not None or _binarized_align_dict.get() is not None
 
 
 def build_generator(self, models, args, *more, **kwargs):
-    generator = _fairseq["build_generator"](self, models, args, *more, **kwargs)
+    generator = BUILD_GENERATOR(self, models, args, *more, **kwargs)
     if _replacing(args):
         for model in models:  # decoders that compute attention only on demand
             for module in model.modules():
@@ -88,7 +97,7 @@ def build_generator(self, models, args, *more, **kwargs):
 
 
 def inference_step(self, generator, models, sample, *args, **kwargs):
-    hypos = _fairseq["inference_step"](self, generator, models, sample, *args, **kwargs)
+    hypos = INFERENCE_STEP(self, generator, models, sample, *args, **kwargs)
     if getattr(generator, "unk_alignment", False):
         src_tokens = sample["net_input"]["src_tokens"]
         pad, eos = generator.pad, generator.eos
@@ -109,20 +118,16 @@ def generate_main(cfg, *args, **kwargs):
         cfg = convert_namespace_to_omegaconf(cfg)
     spec = cfg.generation.replace_unk
     if spec is None or cfg.dataset.dataset_impl == "raw":
-        return _fairseq["generate_main"](cfg, *args, **kwargs)
-    _binarized["align_dict"] = load_align_dict(spec)
+        return GENERATE_MAIN(cfg, *args, **kwargs)
+    token = _binarized_align_dict.set(load_align_dict(spec))
     with open_dict(cfg):
         cfg.generation.replace_unk = None  # fairseq's path for binarized data, S- from the dictionary
     try:
-        return _fairseq["generate_main"](cfg, *args, **kwargs)
+        return GENERATE_MAIN(cfg, *args, **kwargs)
     finally:
-        _binarized.clear()
+        _binarized_align_dict.reset(token)
 
 
-def install():
-    fairseq_utils.load_align_dict = load_align_dict
-    fairseq_utils.replace_unk = replace_unk
-    fairseq_utils.post_process_prediction = post_process_prediction
-    FairseqTask.build_generator = build_generator
-    FairseqTask.inference_step = inference_step
-    fairseq_cli.generate.main = generate_main
+PATCH = Patch(__name__, {LOAD_ALIGN_DICT: load_align_dict, REPLACE_UNK: replace_unk, POST_PROCESS: post_process_prediction,
+                         BUILD_GENERATOR: build_generator, INFERENCE_STEP: inference_step,
+                         GENERATE_MAIN: generate_main})

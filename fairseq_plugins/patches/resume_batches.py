@@ -18,17 +18,23 @@ already exact and are left alone.
 """
 from fairseq.tasks import FairseqTask
 
+from fairseq_plugins.patches._mechanism import Patch, Target
 
-def get_batch_iterator(self, dataset, *args, epoch=1, _fairseq=FairseqTask.get_batch_iterator, **kwargs):
+GET_BATCH_ITERATOR = Target(FairseqTask, "get_batch_iterator", (
+    "self, dataset, max_tokens, max_sentences, max_positions, ignore_invalid_inputs, required_batch_size_multiple, "
+    "seed, num_shards, shard_id, num_workers, epoch, data_buffer_size, disable_iterator_cache, skip_remainder_batch, "
+    "grouped_shuffling, update_epoch_batch_itr"))
+
+
+def get_batch_iterator(self, dataset, *args, epoch=1, **kwargs):
     cached = (not kwargs.get("disable_iterator_cache", False) and not kwargs.get("update_epoch_batch_itr", False)
               and not getattr(self.cfg, "rebuild_batches", False) and self.can_reuse_epoch_itr(dataset))
     if epoch <= 1 or not cached or dataset in self.dataset_to_epoch_iter:
-        return _fairseq(self, dataset, *args, epoch=epoch, **kwargs)
-    iterator = _fairseq(self, dataset, *args, epoch=1, **kwargs)  # batches grouped with seed + 1
+        return GET_BATCH_ITERATOR(self, dataset, *args, epoch=epoch, **kwargs)
+    iterator = GET_BATCH_ITERATOR(self, dataset, *args, epoch=1, **kwargs)  # batches grouped with seed + 1
     iterator.epoch = epoch
     dataset.set_epoch(epoch)
     return iterator
 
 
-def install():
-    FairseqTask.get_batch_iterator = get_batch_iterator
+PATCH = Patch(__name__, {GET_BATCH_ITERATOR: get_batch_iterator})
