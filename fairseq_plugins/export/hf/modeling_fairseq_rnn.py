@@ -405,8 +405,6 @@ class FairseqRNNForConditionalGeneration(PreTrainedModel, GenerationMixin):
         cross-entropy loss (-100 ignored); ``decoder_input_ids`` default to them shifted right."""
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids, attention_mask)
-        elif not isinstance(encoder_outputs, FairseqRNNEncoderOutput):  # a tuple, as return_dict=False gives
-            encoder_outputs = FairseqRNNEncoderOutput(*encoder_outputs)
         if decoder_input_ids is None and labels is not None:
             decoder_input_ids = labels.new_full(labels.shape, self.config.decoder_start_token_id)
             decoder_input_ids[:, 1:] = labels[:, :-1].masked_fill(labels[:, :-1].eq(-100), self.config.pad_token_id)
