@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
@@ -32,6 +33,10 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import ModelOutput
 
 FAMILIES = ("rnnsearch", "rnnencdec", "seq2seq_lstm")
+
+if "cache" not in Seq2SeqLMOutput.__dataclass_fields__:  # older releases call it past_key_values
+    raise ImportError(f"modeling_fairseq_rnn needs a transformers whose generate() hands models their state as "
+                      f"`cache` (tested with 5.24), not {transformers.__version__}")
 
 
 class FairseqRNNConfig(PreTrainedConfig):
