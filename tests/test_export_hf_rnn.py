@@ -100,6 +100,11 @@ def test_log_probabilities_equal_fairseq_with_padding_and_step_by_step(family, g
     with torch.no_grad():  # labels: the mean cross-entropy of the target tokens, decoder inputs shifted from them
         loss = hf(input_ids=src, labels=tgt.masked_fill(~real, -100)).loss
     close(loss, -expected.gather(1, tgt[real].unsqueeze(1)).mean(), "loss")
+    if family == "rnnsearch":  # output_attentions: the alignment weights α (B, 1 head, T, S)
+        with torch.no_grad():
+            alpha = model(src, src.ne(src_dict.pad()).sum(1), prev)[1]["attn"][0]
+            close(hf(input_ids=src, decoder_input_ids=prev, output_attentions=True).cross_attentions[0][:, 0], alpha,
+                  "attention")
 
     # one token at a time through the cache (as generate runs it), against the full forward
     with torch.no_grad():

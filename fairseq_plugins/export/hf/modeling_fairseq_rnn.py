@@ -97,17 +97,12 @@ class RecurrentState:
     """The decoder's cache: batch-first tensors by name (``s``; rnnsearch's ``h``, ``U_a_h``,
     ``padding_mask``; rnnencdec's ``c``, ``C_c``; seq2seq_lstm's ``h``, ``c`` (B, L, H))."""
 
-    is_compileable = False
-
     def __init__(self, tensors: Dict[str, Tensor]):
         self.tensors = tensors
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
         """Rows in ``beam_idx``'s order, in place (beam search: the hypotheses kept)."""
         self.tensors = {k: v.index_select(0, beam_idx.to(v.device)) for k, v in self.tensors.items()}
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # no per-position entries: a recurrent state has the same size at every step
 
     def __repr__(self):
         return f"RecurrentState({', '.join(f'{k}: {tuple(v.shape)}' for k, v in self.tensors.items())})"
