@@ -40,3 +40,170 @@ source_lang=None, target_lang=None, beam=5, max_len_a=0.0, max_len_b=200, lenpen
    codes] or a sentencepiece model);
 5. moves the staging folder to ``out_dir`` (replacing it only with ``force``).
 """
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from argparse import Namespace
+from typing import Optional
+
+from fairseq import checkpoint_utils
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+from omegaconf import OmegaConf
+
+from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.errors import CheckpointError, ConfigError
+
+# model family -> module of this package that writes it
+FAMILIES = {"vaswani_transformer": "transformer", "rnnsearch": "rnn", "rnnencdec": "rnn", "seq2seq_lstm": "rnn"}
+TOKENIZER_MODULE = "tokenization_fairseq_plugins"
+
+
+def family_module(family: str):
+    try:
+        return importlib.import_module(f"{__name__}.{FAMILIES[family]}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{FAMILIES[family]}":
+            raise
+        raise ConfigError(f"{family}: export to transformers not yet available in this version") from None
+
+
+def _family(state, checkpoint: str) -> str:
+    cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    if cfg is None:
+        raise CheckpointError(f"{checkpoint}: no model options (cfg.model) in the checkpoint")
+    if not isinstance(cfg, Namespace):
+        cfg = Namespace(**OmegaConf.to_container(OmegaConf.create(cfg), resolve=True))
+    arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None)
+    family = ARCH_MODEL_NAME_REGISTRY.get(arch)
+    if family not in FAMILIES:
+        raise CheckpointError(f"{checkpoint}: architecture {arch!r} (model {family!r}) is not exported to "
+                              f"transformers; only {', '.join(FAMILIES)} are")
+    return family
+
+
+def load_model(checkpoint: str, data: Optional[str] = None):
+    """(family, model in eval mode, task with the dictionaries), read as fairseq-generate does."""
+    if not os.path.isfile(checkpoint):
+        raise CheckpointError(f"checkpoint {checkpoint} does not exist")
+    state = load_state(checkpoint)
+    family = _family(state, checkpoint)
+    data = data or state["cfg"]["task"]["data"]
+    if not os.path.isdir(data):
+        raise ConfigError(f"data directory {data} (with the dictionaries of {checkpoint}) does not exist; "
+                          "pass --data DIR")
+    try:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [checkpoint], arg_overrides={"data": data}, state=state)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{e.filename or e}: not found (dictionaries of {checkpoint}); pass --data DIR") from None
+    return family, models[0].eval(), task
+
+
+def generation_config(model, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0):
+    """transformers' GenerationConfig doing what ``fairseq-generate --beam --max-len-b --lenpen`` does.
+
+    fairseq's stopping rule (a sentence is done once ``beam`` hypotheses ended with ``</s>``, each
+    scored by its log-probability / (length with ``</s>``)^lenpen) is HF's ``early_stopping=True``
+    with the same ``length_penalty``. fairseq forbids ``<pad>`` always and ``</s>`` at the first
+    step (``--min-len 1``) and forces ``</s>`` after ``max_len = min(b, max target positions - 1)``
+    tokens: ``suppress_tokens``, ``min_new_tokens=1``, ``forced_eos_token_id`` with
+    ``max_new_tokens = max_len + 1`` (the ``</s>``).
+    """
+    from transformers import GenerationConfig
+
+    if beam < 1:
+        raise ConfigError(f"--beam {beam}: must be >= 1")
+    if max_len_a != 0:
+        raise ConfigError(f"--max-len-a {max_len_a}: transformers' generate has one length limit for every "
+                          "sentence, not one proportional to the source; export with --max-len-a 0")
+    if max_len_b < 1:
+        raise ConfigError(f"--max-len-b {max_len_b}: must be >= 1")
+    d = model.decoder.dictionary
+    max_len = min(max_len_b, model.decoder.max_positions() - 1)
+    return GenerationConfig(
+        num_beams=beam, length_penalty=lenpen, early_stopping=True, do_sample=False, num_return_sequences=1,
+        max_new_tokens=max_len + 1, min_new_tokens=1, forced_eos_token_id=d.eos(), suppress_tokens=[d.pad()],
+        bos_token_id=d.bos(), eos_token_id=d.eos(), pad_token_id=d.pad(), decoder_start_token_id=d.eos())
+
+
+def _symbols_file(dictionary, path):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(list(dictionary.symbols), f, ensure_ascii=False)
+    return path
+
+
+def write_tokenizer(task, out_dir: str, bpe_codes=None, sentencepiece_model=None, source_lang=None,
+                    target_lang=None, moses=True, normalize=True, aggressive=True, escape=True):
+    """The tokenizer files and its code (``auto_map``: ``trust_remote_code=True``)."""
+    from fairseq_plugins.export.hf import tokenization_fairseq_plugins as module
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = module.FairseqPluginsTokenizer(
+            _symbols_file(task.source_dictionary, os.path.join(tmp, "src.json")),
+            _symbols_file(task.target_dictionary, os.path.join(tmp, "tgt.json")),
+            bpe_codes=bpe_codes, sentencepiece_model=sentencepiece_model,
+            source_lang=source_lang or task.cfg.source_lang, target_lang=target_lang or task.cfg.target_lang,
+            moses=moses and sentencepiece_model is None, normalize=normalize, aggressive=aggressive, escape=escape)
+        tokenizer.register_for_auto_class("AutoTokenizer")
+        tokenizer.save_pretrained(out_dir)
+
+
+def _check_output(out_dir: str, force: bool):
+    if not os.path.exists(out_dir):
+        return
+    if not force:
+        raise ConfigError(f"output {out_dir} exists; pass --force to overwrite it")
+    if not os.path.isdir(out_dir) or (os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "config.json"))):
+        raise ConfigError(f"output {out_dir} is not a transformers model folder; --force only replaces one")
+
+
+def _check_file(path, flag):
+    if path is not None and not os.path.isfile(path):
+        raise ConfigError(f"{flag} {path}: no such file")
+
+
+def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: bool = False,
+           bpe_codes: Optional[str] = None, sentencepiece_model: Optional[str] = None,
+           source_lang: Optional[str] = None, target_lang: Optional[str] = None, moses: bool = True,
+           normalize: bool = True, aggressive: bool = True, escape: bool = True,
+           beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0) -> str:
+    """Write ``out_dir``; every refusal comes before anything is written."""
+    _check_output(out_dir, force)
+    if bpe_codes is not None and sentencepiece_model is not None:
+        raise ConfigError("--bpe-codes and --sentencepiece-model: name one subword model, not both")
+    _check_file(bpe_codes, "--bpe-codes")
+    _check_file(sentencepiece_model, "--sentencepiece-model")
+    family, model, task = load_model(checkpoint, data)
+    writer = family_module(family)
+    writer.check_supported(model)
+    generation = generation_config(model, beam, max_len_a, max_len_b, lenpen)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".hf-", dir=parent)  # a failed write leaves OUT_DIR as it was
+    try:
+        writer.write_model(model, staging)
+        generation.save_pretrained(staging)
+        write_tokenizer(task, staging, bpe_codes, sentencepiece_model, source_lang, target_lang, moses,
+                        normalize, aggressive, escape)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.rename(staging, out_dir)
+    finally:
+        if os.path.exists(staging):
+            shutil.rmtree(staging)
+    return out_dir
+
+
+def load_strict(model_dir: str, **kwargs):
+    """``AutoModelForSeq2SeqLM.from_pretrained`` that fails on a missing, unexpected or mismatched
+    weight: transformers itself only logs them and initialises the missing ones at random."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    model, info = AutoModelForSeq2SeqLM.from_pretrained(model_dir, output_loading_info=True, **kwargs)
+    wrong = {k: sorted(v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if wrong:
+        raise CheckpointError(f"{model_dir}: weights do not match the model: "
+                              + "; ".join(f"{k.replace('_', ' ')} {', '.join(map(str, v))}" for k, v in wrong.items()))
+    return model.eval()
