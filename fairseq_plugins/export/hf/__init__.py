@@ -57,7 +57,8 @@ from fairseq_plugins.errors import CheckpointError, ConfigError
 
 # model family -> module of this package that writes it
 FAMILIES = {"vaswani_transformer": "transformer", "rnnsearch": "rnn", "rnnencdec": "rnn", "seq2seq_lstm": "rnn"}
-TOKENIZER_MODULE = "tokenization_fairseq_plugins"
+HERE = os.path.dirname(os.path.abspath(__file__))
+PIPELINE = "pipeline_fairseq_plugins"  # transformers 5 has no translation pipeline: the folder brings one
 
 
 def family_module(family: str):
@@ -150,6 +151,18 @@ def write_tokenizer(task, out_dir: str, bpe_codes=None, sentencepiece_model=None
         tokenizer.save_pretrained(out_dir)
 
 
+def add_pipeline(out_dir: str) -> None:
+    """Name the folder's translation pipeline in config.json (``custom_pipelines``) and ship its code."""
+    shutil.copyfile(os.path.join(HERE, f"{PIPELINE}.py"), os.path.join(out_dir, f"{PIPELINE}.py"))
+    path = os.path.join(out_dir, "config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["custom_pipelines"] = {"translation": {"impl": f"{PIPELINE}.TranslationPipeline",
+                                                  "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+
+
 def _check_output(out_dir: str, force: bool):
     if not os.path.exists(out_dir):
         return
@@ -185,6 +198,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: boo
     try:
         writer.write_model(model, staging)
         generation.save_pretrained(staging)
+        add_pipeline(staging)
         write_tokenizer(task, staging, bpe_codes, sentencepiece_model, source_lang, target_lang, moses,
                         normalize, aggressive, escape)
         if os.path.exists(out_dir):

@@ -58,10 +58,12 @@ class FairseqPluginsTokenizer(PreTrainedTokenizer):
 
             self._moses = (MosesPunctNormalizer(lang=source_lang) if normalize else None,
                            MosesTokenizer(lang=source_lang), MosesDetokenizer(lang=target_lang))
-        kwargs.setdefault("clean_up_tokenization_spaces", False)
-        super().__init__(bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                         source_lang=source_lang, target_lang=target_lang, moses=moses, normalize=normalize,
-                         aggressive=aggressive, escape=escape, special_tokens_pattern="eos", **kwargs)
+        # fairseq's special symbols; decoding never applies transformers' space clean-up
+        for name, symbol in (("bos_token", "<s>"), ("pad_token", "<pad>"), ("eos_token", "</s>"), ("unk_token", "<unk>"),
+                             ("clean_up_tokenization_spaces", False), ("special_tokens_pattern", "eos")):
+            kwargs.setdefault(name, symbol)
+        super().__init__(source_lang=source_lang, target_lang=target_lang, moses=moses, normalize=normalize,
+                         aggressive=aggressive, escape=escape, **kwargs)
 
     @property
     def vocab_size(self):
