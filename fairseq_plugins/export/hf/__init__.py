@@ -94,11 +94,16 @@ def load_model(checkpoint: str, data: Optional[str] = None):
     if not os.path.isdir(data):
         raise ConfigError(f"data directory {data} (with the dictionaries of {checkpoint}) does not exist; "
                           "pass --data DIR")
+    state["cfg"]["task"]["data"] = data  # fairseq applies arg_overrides only when it reads the file itself
     try:
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-            [checkpoint], arg_overrides={"data": data}, state=state)
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], state=state)
     except FileNotFoundError as e:
         raise ConfigError(f"{e.filename or e}: not found (dictionaries of {checkpoint}); pass --data DIR") from None
+    except RuntimeError as e:
+        if "size mismatch" not in str(e):
+            raise
+        raise ConfigError(f"the dictionaries in {data} do not fit {checkpoint} (its embeddings have other sizes); "
+                          "pass the --data DIR it was trained on") from None
     return family, models[0].eval(), task
 
 
