@@ -7,7 +7,8 @@
 Interface between the shared part (this package) and the model writers
 -----------------------------------------------------------------------
 ``export(checkpoint, out_dir, data=None, force=False, bpe_codes=None, sentencepiece_model=None,
-source_lang=None, target_lang=None, beam=5, max_len_a=0.0, max_len_b=200, lenpen=1.0)``:
+source_lang=None, target_lang=None, moses=True, normalize=True, aggressive=True, escape=True,
+beam=5, max_len_a=0.0, max_len_b=200, lenpen=1.0)``:
 
 1. refuses bad input with one-line :mod:`fairseq_plugins.errors` errors BEFORE writing anything
    (OUT_DIR exists without ``force``; unreadable checkpoint; another architecture; missing
@@ -31,11 +32,16 @@ source_lang=None, target_lang=None, beam=5, max_len_a=0.0, max_len_b=200, lenpen
      (fairseq starts decoding from ``</s>``), ``is_encoder_decoder = True``, and the model must
      take ``input_ids`` of SOURCE dictionary ids ending with ``</s>`` (as fairseq's sources do),
      ``attention_mask`` 1 on tokens, and return logits over the target dictionary in its order.
-     It must not write ``generation_config.json`` or tokenizer files (the shared part does,
-     after ``write_model``, overwriting whatever is there).
+     ``auto_map`` must name ``AutoConfig`` and ``AutoModelForSeq2SeqLM`` (the folder's pipeline
+     loads the model with ``AutoModelForSeq2SeqLM``). It must not write
+     ``generation_config.json`` or tokenizer files (the shared part does, after ``write_model``,
+     overwriting whatever is there).
 
-4. writes, for every family, ``generation_config.json`` (fairseq-generate's beam, max length
-   a*src_len+b, length penalty, its stopping rule) and the tokenizer files (same id = same token
+4. writes, for every family, ``custom_pipelines`` into ``config.json`` and
+   ``pipeline_fairseq_plugins.py`` (transformers 5 removed ``pipeline("translation")``; the
+   folder brings it back, so every family needs ``trust_remote_code=True``),
+   ``generation_config.json`` (fairseq-generate's beam, max length, length penalty, its
+   stopping rule: :func:`generation_config`) and the tokenizer files (same id = same token
    as fairseq's dictionaries; preprocessing from the files named: sacremoses [+ subword-nmt BPE
    codes] or a sentencepiece model);
 5. moves the staging folder to ``out_dir`` (replacing it only with ``force``).
