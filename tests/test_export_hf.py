@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
+from fairseq_plugins.cli import export_hf
 from fairseq_plugins.data.subwords import learn_apply_bpe, learn_apply_sentencepiece, write_lines
 from fairseq_plugins.data.synthetic_corpus import preprocess_args
 from fairseq_plugins.errors import CheckpointError
@@ -52,11 +53,12 @@ def export(*args):
     return run([*export_command(), *args])
 
 
-def refused(args, fragment):
-    proc = run([*export_command(), *args], check=False)
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 2 and lines[-1].startswith(f"{EXPORT}: error:") and fragment in lines[-1], proc.stdout
-    assert "Traceback" not in proc.stdout
+def refused(args, fragment, capsys):
+    """The command's main() in-process: exit 2 with one line ``prog: error: ...`` naming ``fragment``."""
+    with pytest.raises(SystemExit) as exit_info:
+        export_hf.main([str(a) for a in args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and lines[-1].startswith(f"{EXPORT}: error:") and fragment in lines[-1], lines
 
 
 @pytest.fixture(scope="module")
@@ -303,32 +305,32 @@ def test_save_pretrained_round_trip_and_a_moved_folder(plain, tmp_path):
 
 
 def test_bad_input_is_refused_by_name_and_nothing_is_written(plain, generation_models, checkpoints, data_bin_separate,
-                                                             tmp_path):
+                                                             tmp_path, capsys):
     checkpoint, _ = plain
     out_dir = tmp_path / "out"
-    refused([tmp_path / "missing.pt", out_dir], "missing.pt")
+    refused([tmp_path / "missing.pt", out_dir], "missing.pt", capsys)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    refused([tmp_path / "junk.pt", out_dir], "junk.pt")
-    refused([generation_models["builtin_transformer"], out_dir], "'transformer'")  # another architecture
-    refused([checkpoints["pre-ln"], out_dir], "--decoder-normalize-before")
-    refused([checkpoint, out_dir, "--data", tmp_path / "nowhere"], "nowhere")
+    refused([tmp_path / "junk.pt", out_dir], "junk.pt", capsys)
+    refused([generation_models["builtin_transformer"], out_dir], "'transformer'", capsys)  # another architecture
+    refused([checkpoints["pre-ln"], out_dir], "--decoder-normalize-before", capsys)
+    refused([checkpoint, out_dir, "--data", tmp_path / "nowhere"], "nowhere", capsys)
     (tmp_path / "empty").mkdir()
-    refused([checkpoint, out_dir, "--data", tmp_path / "empty"], "dict.")
-    refused([checkpoint, out_dir, "--data", data_bin_separate], "do not fit")
-    refused([checkpoint, out_dir, "--bpe-codes", tmp_path / "codes"], "--bpe-codes")
-    refused([checkpoint, out_dir, "--sentencepiece-model", tmp_path / "spm.model"], "--sentencepiece-model")
-    refused([checkpoint, out_dir, "--max-len-a", "1.2"], "--max-len-a 1.2")
+    refused([checkpoint, out_dir, "--data", tmp_path / "empty"], "dict.", capsys)
+    refused([checkpoint, out_dir, "--data", data_bin_separate], "do not fit", capsys)
+    refused([checkpoint, out_dir, "--bpe-codes", tmp_path / "codes"], "--bpe-codes", capsys)
+    refused([checkpoint, out_dir, "--sentencepiece-model", tmp_path / "spm.model"], "--sentencepiece-model", capsys)
+    refused([checkpoint, out_dir, "--max-len-a", "1.2"], "--max-len-a 1.2", capsys)
     assert not out_dir.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "junk.pt"]  # no staging left behind
 
     out_dir.mkdir()
     (out_dir / "notes.txt").write_text("mine")
-    refused([checkpoint, out_dir], "--force")
-    refused([checkpoint, out_dir, "--force"], "not a transformers model folder")
+    refused([checkpoint, out_dir], "--force", capsys)
+    refused([checkpoint, out_dir, "--force"], "not a transformers model folder", capsys)
     assert [p.name for p in out_dir.iterdir()] == ["notes.txt"]
     (out_dir / "notes.txt").unlink()
-    refused([checkpoint, out_dir], "--force")  # even an empty one
-    export(checkpoint, out_dir, "--force")
-    refused([checkpoint, out_dir], "--force")
-    export(checkpoint, out_dir, "--force", "--beam", "2")  # replaces an exported folder
+    refused([checkpoint, out_dir], "--force", capsys)  # even an empty one
+    export(checkpoint, out_dir, "--force")  # the command itself, in a process of its own
+    refused([checkpoint, out_dir], "--force", capsys)
+    export_in_process(checkpoint, str(out_dir), force=True, beam=2)  # replaces an exported folder
     assert load_strict(str(out_dir)).generation_config.num_beams == 2

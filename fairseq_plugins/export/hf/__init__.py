@@ -46,6 +46,7 @@ beam=5, max_len_a=0.0, max_len_b=200, lenpen=1.0)``:
    codes] or a sentencepiece model);
 5. moves the staging folder to ``out_dir`` (replacing it only with ``force``).
 """
+import glob
 import importlib
 import json
 import os
@@ -100,7 +101,13 @@ def load_model(checkpoint: str, data: Optional[str] = None):
     if not os.path.isdir(data):
         raise ConfigError(f"data directory {data} (with the dictionaries of {checkpoint}) does not exist; "
                           "pass --data DIR")
-    state["cfg"]["task"]["data"] = data  # fairseq applies arg_overrides only when it reads the file itself
+    task_cfg = state["cfg"]["task"]
+    languages = [task_cfg.get("source_lang"), task_cfg.get("target_lang")]
+    for language in languages if None not in languages else ["*"]:  # fairseq infers unset languages
+        if not glob.glob(os.path.join(glob.escape(data), f"dict.{language}.txt")):
+            raise ConfigError(f"{os.path.join(data, f'dict.{language}.txt')}: not found (dictionary of {checkpoint}); "
+                              "pass --data DIR")
+    task_cfg["data"] = data  # fairseq applies arg_overrides only when it reads the file itself
     try:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], state=state)
     except FileNotFoundError as e:
