@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 from fairseq_plugins.cli import export_hf
+from fairseq_plugins.cli import tokenize as tokenize_cli
 from fairseq_plugins.data.subwords import learn_apply_bpe, learn_apply_sentencepiece, write_lines
 from fairseq_plugins.data.synthetic_corpus import preprocess_args
 from fairseq_plugins.errors import CheckpointError
@@ -208,10 +209,11 @@ def _suite_route(tmp, data, checkpoint, raw_lines, bpe_codes=None, spm_model=Non
     fairseq-generate --beam 4 --remove-bpe -> fairseq-plugins-tokenize detokenize."""
     os.makedirs(tmp)
     write_lines(f"{tmp}/raw", raw_lines)
+    # fairseq-plugins-tokenize's main() in-process: the same code as the command, without a process start
     if spm_model:
-        run(["fairseq-plugins-tokenize", "spm-encode", "--model", spm_model, "-i", f"{tmp}/raw", "-o", f"{tmp}/test.src"])
+        tokenize_cli.main(["spm-encode", "--model", spm_model, "-i", f"{tmp}/raw", "-o", f"{tmp}/test.src"])
     else:
-        run(["fairseq-plugins-tokenize", "tokenize", "-l", "en", "-i", f"{tmp}/raw", "-o", f"{tmp}/tok"])
+        tokenize_cli.main(["tokenize", "-l", "en", "-i", f"{tmp}/raw", "-o", f"{tmp}/tok"])
         if bpe_codes:
             run(["subword-nmt", "apply-bpe", "-c", bpe_codes, "--input", f"{tmp}/tok", "--output", f"{tmp}/test.src"])
         else:
@@ -227,7 +229,7 @@ def _suite_route(tmp, data, checkpoint, raw_lines, bpe_codes=None, spm_model=Non
     write_lines(f"{tmp}/hyp", [hyps[str(i)] for i in range(len(raw_lines))])
     if spm_model:
         return [hyps[str(i)] for i in range(len(raw_lines))]
-    run(["fairseq-plugins-tokenize", "detokenize", "-l", "fr", "-i", f"{tmp}/hyp", "-o", f"{tmp}/detok"])
+    tokenize_cli.main(["detokenize", "-l", "fr", "-i", f"{tmp}/hyp", "-o", f"{tmp}/detok"])
     return open(f"{tmp}/detok", encoding="utf-8").read().splitlines()
 
 
