@@ -10,7 +10,6 @@ sentencepiece, fairseq-preprocess, fairseq-generate --remove-bpe, detokenize) ag
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -265,7 +264,7 @@ def test_pipeline_with_subwords_gives_the_suite_route_strings(subword, checkpoin
                             spm_model=corpora["spm.model"] if subword == "spm" else None)
     assert _pipeline_strings(tmp_path / "model", lines) == expected
     tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "model"), trust_remote_code=True)
-    split = [t for t in tokenizer.tokenize(" ".join(lines[:5]))]
+    split = tokenizer.tokenize(" ".join(lines[:5]))
     assert any(t.endswith("@@") for t in split) if subword == "bpe" else any(t.startswith("\u2581") for t in split)
 
 

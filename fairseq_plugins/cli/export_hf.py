@@ -1,4 +1,6 @@
-"""fairseq-plugins-export-hf CHECKPOINT OUT_DIR [--data DIR] [--force] [--bpe-codes FILE | --sentencepiece-model FILE] ..."""
+"""fairseq-plugins-export-hf CHECKPOINT OUT_DIR [--data DIR] [--force] [--bpe-codes FILE | --sentencepiece-model FILE]
+[--source-lang L] [--target-lang L] [--no-moses|--no-normalize|--no-aggressive|--no-escape] [--beam N] [--max-len-b N]
+[--lenpen P]"""
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 from fairseq_plugins.errors import ConfigError
 

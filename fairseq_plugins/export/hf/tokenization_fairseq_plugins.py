@@ -59,9 +59,10 @@ class FairseqPluginsTokenizer(PreTrainedTokenizer):
             self._moses = (MosesPunctNormalizer(lang=source_lang) if normalize else None,
                            MosesTokenizer(lang=source_lang), MosesDetokenizer(lang=target_lang))
         # fairseq's special symbols; decoding never applies transformers' space clean-up
-        for name, symbol in (("bos_token", "<s>"), ("pad_token", "<pad>"), ("eos_token", "</s>"), ("unk_token", "<unk>"),
-                             ("clean_up_tokenization_spaces", False), ("special_tokens_pattern", "eos")):
-            kwargs.setdefault(name, symbol)
+        for name, value in (("bos_token", "<s>"), ("pad_token", "<pad>"), ("eos_token", "</s>"),
+                            ("unk_token", "<unk>"), ("clean_up_tokenization_spaces", False),
+                            ("special_tokens_pattern", "eos")):
+            kwargs.setdefault(name, value)
         super().__init__(source_lang=source_lang, target_lang=target_lang, moses=moses, normalize=normalize,
                          aggressive=aggressive, escape=escape, **kwargs)
 

@@ -172,7 +172,8 @@ def build(model):
                 raise ConfigError(f"{side} position table differs from {type(hf).__name__}'s: not exported")
             out[key] = theirs
         hf.load_state_dict({k: v.detach().clone().contiguous() for k, v in out.items()}, strict=True)
-    if kind == MARIAN and tied_output and hf.lm_head.weight.data_ptr() != hf.get_decoder().embed_tokens.weight.data_ptr():
+    decoder_in = hf.get_decoder().embed_tokens.weight
+    if kind == MARIAN and tied_output and hf.lm_head.weight.data_ptr() != decoder_in.data_ptr():
         raise ConfigError("the tied output projection would not stay tied in MarianMT: not exported")
     return hf.eval()
 
