@@ -143,7 +143,7 @@ def build_app(backend, batcher: Batcher, limits: Limits, info: dict) -> Starlett
         return JSONResponse({"translations": translations})
 
     async def health(request: Request):
-        return JSONResponse({"status": "ok", "batching": batcher.stats.as_dict()})
+        return JSONResponse({"status": "ok", "waiting": batcher.waiting, "batching": batcher.stats.as_dict()})
 
     async def information(request: Request):
         return JSONResponse({**info, "limits": asdict(limits)})

@@ -60,6 +60,11 @@ class Batcher:
         self._scheduler.cancel()
         self._executor.shutdown(wait=True)
 
+    @property
+    def waiting(self) -> int:
+        """Sentences queued for a batch (their clients still there)."""
+        return sum(not item.future.done() for item in self._pending)
+
     async def translate(self, sources: List[List[str]], options: Options) -> List[List[Hypothesis]]:
         """The hypotheses of each sentence of ``sources``, in order."""
         now = self._loop.time()
