@@ -307,3 +307,32 @@ def test_bad_model_is_refused_in_one_line(tmp_path):
                            (tmp_path / "empty", "is a folder without model.bin: not a CTranslate2 model")):
         with pytest.raises(PluginError, match=message):
             load_backend(str(model), None, options, workers=1, threads=1)
+
+
+def test_preprocessing_flags_are_fairseqs_encoders(corpus_dir, tmp_path):
+    """--tokenizer moses --bpe subword_nmt / sentencepiece give what sacremoses, subword-nmt and
+    sentencepiece give applied by hand, and decode back to the detokenized text."""
+    import sentencepiece as spm
+    from subword_nmt.apply_bpe import BPE
+
+    from fairseq_plugins.data.subwords import learn_apply_bpe, learn_apply_sentencepiece
+    from fairseq_plugins.serve.text import TextPipeline
+
+    lines = open(f"{corpus_dir}/train.src").read().splitlines()
+    learn_apply_bpe(lines, {}, 200, str(tmp_path / "codes"))
+    learn_apply_sentencepiece(lines, {}, 200, str(tmp_path / "spm"))
+    text = "The netekka, tekluka's barneto-dolmivik!"
+    moses = " ".join(MosesTokenizer("en").tokenize(text, aggressive_dash_splits=True, escape=True))
+    with open(tmp_path / "codes", encoding="utf-8") as codes:
+        by_hand = {"subword_nmt": BPE(codes).process_line(moses).split(),
+                   "sentencepiece": spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+                   .encode(moses, out_type=str)}
+    for bpe, flags in (("subword_nmt", ["--bpe-codes", str(tmp_path / "codes")]),
+                       ("sentencepiece", ["--sentencepiece-model", str(tmp_path / "spm.model")])):
+        options = get_parser().parse_args(["m", "--tokenizer", "moses", "--bpe", bpe, *flags])
+        pipeline = TextPipeline.from_options(options)
+        tokens = pipeline.encode(text)
+        assert tokens == by_hand[bpe] and len(tokens) > len(moses.split())  # words were split
+        assert pipeline.decode(tokens) == text
+    with pytest.raises(PluginError, match="--bpe subword_nmt needs --bpe-codes FILE"):
+        TextPipeline.from_options(get_parser().parse_args(["m", "--bpe", "subword_nmt"]))

@@ -42,8 +42,6 @@ class HubBackend:
 
     def __init__(self, checkpoint: str, data: Optional[str], text_options: Namespace, threads: int):
         import torch
-
-        import fairseq_plugins  # noqa: F401  (registers the suite's models and patches)
         from fairseq import checkpoint_utils
         from fairseq.hub_utils import GeneratorHubInterface
         from fairseq.models import ARCH_MODEL_NAME_REGISTRY
