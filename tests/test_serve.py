@@ -160,7 +160,7 @@ def test_ctranslate2_folder_concurrent_and_under_load(ct2_server, ct2_dir, sourc
     clients x 50 requests: none lost, none answered with another's translation."""
     oracle = ct2_oracle(ct2_dir)
     check_answers(ct2_server, concurrent_requests(sources, 30), oracle)
-    payloads = [{"text": sources[i % len(sources)], "beam": 1 + i % 4} for i in range(800)]
+    payloads = [{"text": sources[i % len(sources)], "beam": 1 + i % 4} for i in range(480)]
     expected = {(p["text"], p["beam"]): oracle(p["text"], beam=p["beam"])[0]["tokens"] for p in payloads}
     before = ct2_server.get("/health")["batching"]
     start_time = time.monotonic()
@@ -336,3 +336,20 @@ def test_preprocessing_flags_are_fairseqs_encoders(corpus_dir, tmp_path):
         assert pipeline.decode(tokens) == text
     with pytest.raises(PluginError, match="--bpe subword_nmt needs --bpe-codes FILE"):
         TextPipeline.from_options(get_parser().parse_args(["m", "--bpe", "subword_nmt"]))
+
+
+def test_a_model_without_attention_refuses_alignments(generation_models, data_bin, sources):
+    """seq2seq_lstm (no attention): alignments refused in one line, translations served (in-process)."""
+    from starlette.testclient import TestClient
+
+    from fairseq_plugins.serve.app import Limits, build_app
+    from fairseq_plugins.serve.batching import Batcher
+
+    backend = load_backend(generation_models["seq2seq_lstm"], data_bin, get_parser().parse_args(["m"]), 1, 1)
+    assert not backend.has_attention
+    app = build_app(backend, Batcher(backend, 4096, 1, 1), Limits(), {"family": backend.family})
+    with TestClient(app) as client:
+        refused = client.post("/translate", json={"text": sources[0], "alignment": True})
+        assert (refused.status_code, refused.json()) == (400, {"error": "alignment: a seq2seq_lstm model has no attention to align with"})
+        answer = client.post("/translate", json={"text": sources[0]}).json()["translations"][0]
+        assert answer["tokens"] and "alignment" not in answer

@@ -121,6 +121,8 @@ def build_app(backend, batcher: Batcher, limits: Limits, info: dict) -> Starlett
     async def translate(request: Request):
         try:
             sentences, options = parse_request(await read_body(request, limits.max_body_bytes), limits)
+            if options.alignment and not backend.has_attention:
+                raise BadRequest(f"alignment: a {backend.family} model has no attention to align with")
             sources = [text.encode(s) for s in sentences]
             for k, tokens in enumerate(sources):
                 if not tokens:

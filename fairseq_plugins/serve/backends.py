@@ -78,6 +78,10 @@ class HubBackend:
                                        {"tokenizer": cfg.tokenizer and cfg.tokenizer._name,
                                         "bpe": cfg.bpe and cfg.bpe._name}))
         self.vocabulary = {"source": len(task.source_dictionary), "target": len(task.target_dictionary)}
+        # RNNencdec and the seq2seq LSTM have no attention; a one-word translation (which also
+        # warms the model up) tells, whatever the family
+        probe = self.hub.generate([self.hub.src_dict.encode_line("", append_eos=True).long()], beam=1)[0][0]
+        self.has_attention = probe["attention"] is not None and probe["attention"].numel() > 0
 
     def translate(self, sources: List[List[str]], options: Options) -> List[List[Hypothesis]]:
         src_dict, tgt_dict = self.hub.src_dict, self.hub.tgt_dict
@@ -105,6 +109,7 @@ class CTranslate2Backend:
 
     kind = "ctranslate2"
     family = arch = "vaswani_transformer"
+    has_attention = True
 
     def __init__(self, folder: str, text_options: Namespace, workers: int, threads: int):
         import ctranslate2

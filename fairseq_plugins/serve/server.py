@@ -47,7 +47,7 @@ def serve(args: Namespace) -> None:
     info = {
         "model": args.model, "backend": backend.kind, "family": backend.family, "arch": backend.arch,
         "compute_type": getattr(backend, "compute_type", "float32"),
-        "vocabulary": backend.vocabulary, "preprocessing": backend.text.description,
+        "vocabulary": backend.vocabulary, "alignment": backend.has_attention, "preprocessing": backend.text.description,
         "options": {"beam": 4, "n_best": 1, "alignment": False},
         "batching": {"max_batch_tokens": args.max_batch_tokens, "max_delay_ms": args.max_delay_ms,
                      "workers": args.workers, "threads": args.threads},
