@@ -128,7 +128,7 @@ def benchmark(model: str, sentences: List[str], clients: int, requests: int, bea
         logging.getLogger(name).setLevel(logging.WARNING)
     payloads = [{"text": sentences[i % len(sentences)], "beam": beam} for i in range(requests)]
     runs = [("unbatched (--max-batch-tokens 1)", [*batched_flags, "--max-batch-tokens", "1"]),
-            ("batched (" + " ".join(batched_flags) + ")", list(batched_flags))]
+            (f"batched ({' '.join(batched_flags) or 'default flags'})", list(batched_flags))]
     rows, reference = [], {}
     for name, flags in runs:
         with ServerProcess(model, flags, log=os.path.join(log_dir, f"serve-{len(rows)}.log")) as server:
