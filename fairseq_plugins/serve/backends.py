@@ -69,7 +69,6 @@ class HubBackend:
         for module in self.hub.models[0].modules():
             if hasattr(module, "need_attn"):
                 module.need_attn = True
-        self.left_pad_source = task.cfg.left_pad_source
         arch = getattr(cfg.model, "arch", None) or cfg.model._name
         self.family = ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
         self.arch = arch
@@ -78,9 +77,10 @@ class HubBackend:
                                        {"tokenizer": cfg.tokenizer and cfg.tokenizer._name,
                                         "bpe": cfg.bpe and cfg.bpe._name}))
         self.vocabulary = {"source": len(task.source_dictionary), "target": len(task.target_dictionary)}
-        # RNNencdec and the seq2seq LSTM have no attention; a one-word translation (which also
-        # warms the model up) tells, whatever the family
-        probe = self.hub.generate([self.hub.src_dict.encode_line("", append_eos=True).long()], beam=1)[0][0]
+        # RNNencdec and the seq2seq LSTM have no attention; translating the empty source (</s>
+        # alone, which also warms the model up) tells, whatever the family
+        empty = self.hub.src_dict.encode_line("", add_if_not_exist=False, append_eos=True).long()
+        probe = self.hub.generate([empty], beam=1)[0][0]
         self.has_attention = probe["attention"] is not None and probe["attention"].numel() > 0
 
     def translate(self, sources: List[List[str]], options: Options) -> List[List[Hypothesis]]:
@@ -96,8 +96,9 @@ class HubBackend:
                 ids = hypo["tokens"].tolist()[:-1]  # without </s>
                 alignment = None
                 if options.alignment:
-                    attention = hypo["attention"]  # [padded source length, target length + 1]
-                    attention = attention[-n:] if self.left_pad_source else attention[:n]
+                    # [padded source length, target length + 1]; the hub's inference dataset pads
+                    # sources on the left (LanguagePairDataset's default, whatever the task's flag)
+                    attention = hypo["attention"][-n:]
                     alignment = attention[:-1, :-1].t().tolist()
                 sentence.append(Hypothesis([tgt_dict[i] for i in ids], hypo["score"].item(), alignment))
             out.append(sentence)
