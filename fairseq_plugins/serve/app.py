@@ -75,12 +75,13 @@ def parse_request(raw: bytes, limits: Limits) -> Tuple[List[str], Options]:
     if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
         raise BadRequest('"text" must be a string or a list of strings')
     if not 1 <= len(sentences) <= limits.max_sentences:
-        raise BadRequest(f'"text" holds {len(sentences)} sentences; give 1 to {limits.max_sentences}')
+        raise BadRequest(f'"text" holds {len(sentences)} sentences; give 1 to {limits.max_sentences} (--max-sentences)')
     for k, sentence in enumerate(sentences):
         if not sentence.strip():
             raise BadRequest(f"text[{k}] is empty")
         if len(sentence) > limits.max_chars:
-            raise BadRequest(f"text[{k}] has {len(sentence)} characters, above the limit of {limits.max_chars}")
+            raise BadRequest(f"text[{k}] has {len(sentence)} characters, above the limit of {limits.max_chars} "
+                             "(--max-chars)")
         try:
             sentence.encode("utf-8")
         except UnicodeEncodeError as e:
