@@ -178,11 +178,13 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
 
     def _group(self, incremental_state: IncrementalState, encoder_out: EncoderOut, num_rows: int) -> int:
         """G for this decoding step: how many consecutive rows decode one sentence's beam and
-        share its cached encoder keys/values. Read from shapes only (no host synchronisation):
-        the cached keys' rows once there are some, else the beam size the generator set."""
-        cached = self.layers[0].encoder_attn.get_incremental_state(incremental_state, "static_kv")
-        if cached is not None:
-            return num_rows // cached["kv"].size(0)
+        share its cached encoder keys/values. From shapes only (no host synchronisation): the
+        beam bookkeeping's once decoding has begun, else the beam size the generator set."""
+        beams = self.get_incremental_state(incremental_state, "beam_slots")
+        if beams is not None:
+            return beams["slots"].size(1)
+        if self.layers[0].encoder_attn.get_incremental_state(incremental_state, "static_kv") is not None:
+            return 1  # decoding has begun in groups of one
         group = self.beam_size if num_rows % self.beam_size == 0 else 1
         if group > 1:  # beam search repeats each sentence G times, consecutively: check it on the device
             rows = encoder_out["encoder_out"][0].reshape(num_rows // group, group, -1)

@@ -102,7 +102,7 @@ class MultiheadAttention(nn.Module):
             q = self._split(self.q_proj(query), 1)[:, 0]  # Q W^Q: [N, h, T, d_k]
             cache = None if incremental_state is None else self.get_incremental_state(incremental_state, "static_kv")
             if cache is None:
-                kv = self._split(self.kv_proj(key), 2)  # [K W^K, V W^V]: [N / group, 2, h, S, d_k]
+                kv = self.encoder_kv(key)  # [N / group, 2, h, S, d_k]
                 if incremental_state is not None:
                     self.set_incremental_state(incremental_state, "static_kv", {"kv": kv})
             else:
@@ -131,6 +131,10 @@ class MultiheadAttention(nn.Module):
             weights = None
         out = out.transpose(1, 2).reshape(num_rows, tgt_len, self.embed_dim)  # Concat(head_1..h)
         return self.out_proj(out), weights
+
+    def encoder_kv(self, key: Tensor) -> Tensor:
+        """[K W^K, V W^V] of the encoder output [B, S, kdim]: [B, 2, h, S, d_k]."""
+        return self._split(self.kv_proj(key), 2)
 
     def _append_to_cache(self, incremental_state: IncrementalState, q: Tensor, kv: Tensor,
                          group: int) -> Tuple[Tensor, Tensor]:
