@@ -102,6 +102,7 @@ def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
     names = state_names(model)
     transformer = isinstance(model.decoder, VaswaniTransformerDecoder)
     batch = Dim("batch", min=1)
+    # the Transformer's position tables bound its lengths (the step's position is t + 1)
     src_len = Dim("src_len", min=1, max=model.encoder.max_positions()) if transformer else Dim("src_len", min=1)
     src = _example_source(model.encoder.dictionary)
     programs = (TransformerEncoderProgram(model), TransformerStepProgram(model)) if transformer else (
@@ -135,7 +136,8 @@ class TransformerEncoderProgram(nn.Module):
     def forward(self, src_tokens: Tensor) -> Tuple[Tensor, ...]:
         encoder_out = self.encoder(src_tokens)["encoder_out"][0]  # [B, S, d]
         cross = [layer.encoder_attn.encoder_kv(encoder_out) for layer in self.decoder.layers]  # [B, 2, h, S, d_k]
-        empty = [kv.new_zeros(kv.size(0), 0, 1, *kv.shape[1:3], kv.size(4)) for kv in cross]  # [B, 0, 1, 2, h, d_k]
+        # no self-attention entries yet: [B, t = 0, G = 1, 2, h, d_k]
+        empty = [kv.new_zeros(kv.size(0), 0, 1, kv.size(1), kv.size(2), kv.size(4)) for kv in cross]
         return (*cross, *empty, src_tokens.eq(self.encoder.padding_idx))
 
 
