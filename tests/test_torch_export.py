@@ -69,9 +69,38 @@ def test_exported_encoder_and_decoder_step_equal_eager_decoding(arch):
                 prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
 
 
-def test_transformer_decoder_step_export_is_refused_with_one_line():
-    with pytest.raises(ConfigError, match="export_encoder.*export-ctranslate2"):
-        export_model(build("vaswani_transformer_tiny"))
+def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
+    """The Transformer's programs (traced at batch 2, target length 2) on other batch sizes and
+    every target length from 0, with beam reorders (hypotheses repeated and dropped within a
+    beam, a finished sentence dropped) applied to the state rows outside, against the eager
+    decoder as fairseq's beam search drives it (beams grouped, caches moved by the reorder)."""
+    model = build("vaswani_transformer_tiny")
+    encoder, step = export_model(model)
+    assert state_names(model) == ["layers.0.encoder_attn.kv", "layers.1.encoder_attn.kv",
+                                  "layers.0.self_attn.kv", "layers.1.self_attn.kv", "encoder_padding_mask"]
+    for lengths, seed, beam in (((9, 4, 6), 3, 2), ((5,), 4, 3)):
+        src, g = batch(lengths, seed), torch.Generator().manual_seed(seed)
+        rows = torch.arange(len(lengths)).repeat_interleave(beam)
+        with torch.no_grad():
+            state = [tensor.index_select(0, rows) for tensor in encoder.module()(src)]
+            model.set_beam_size(beam)
+            encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), rows)
+            incremental_state, prev = {}, torch.full((rows.numel(), 1), DICT.eos())
+            for t in range(7):
+                if t > 0:  # beam search's reorder: within each beam; at t = 4 the first sentence finished
+                    n = prev.size(0)
+                    order = torch.randint(0, beam, (n,), generator=g) + torch.arange(n) // beam * beam
+                    order = order[beam:] if t == 4 and n > beam else order
+                    model.decoder.reorder_incremental_state(incremental_state, order)
+                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+                    state, prev = [tensor.index_select(0, order) for tensor in state], prev[order]
+                logits, _ = model.decoder(prev, encoder_out, incremental_state=incremental_state)
+                expected = model.get_normalized_probs((logits[:, -1:], None), log_probs=True)[:, 0]
+                log_probs, *state = step.module()(prev[:, -1:], *state)
+                close(log_probs, expected)
+                assert state[2].shape[:2] == (prev.size(0), t + 1)  # layer 0's self-attention keys/values
+                prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
+        model.set_beam_size(1)
 
 
 def test_exported_transformer_encoder_equals_eager():

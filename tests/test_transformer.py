@@ -303,66 +303,94 @@ def step_by_step(model, encoder_out, prev, incremental_state, start, stop):
     return torch.cat([o[0] for o in outs], 1), torch.cat([o[1] for o in outs], 1)
 
 
+@pytest.mark.parametrize("lengths", [[7, 3, 5], [6, 6, 6]], ids=["padded", "no-padding"])
+def test_reorder_encoder_out_puts_every_tensor_in_the_orders_rows(lengths):
+    """fairseq's contract, which its own transformer and lstm keep: after
+    ``reorder_encoder_out(out, order)`` row n of every tensor is the fresh output's row order[n]
+    (repeated and dropped rows included), so anything reading ``encoder_out`` afterwards (an
+    ensemble, a third-party generator, a full forward of the decoder) sees the right rows."""
+    model = build(share_all_embeddings=True)
+    src = tokens(JOINED, lengths)
+    prev = prev_output(JOINED, [5, 5, 5])
+    with torch.no_grad():
+        fresh = model.encoder(src)
+        out, rows = fresh, torch.arange(3)
+        for order in (torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([1, 0, 3, 3, 5, 4]),
+                      torch.tensor([5, 0, 2])):  # beam-like, then rows dropped and crossing
+            out = model.encoder.reorder_encoder_out(out, order)
+            rows = rows[order]
+            assert out.keys() == fresh.keys()
+            for key in fresh:
+                assert len(out[key]) == len(fresh[key])
+                for got, expected in zip(out[key], fresh[key]):
+                    assert torch.equal(got, expected.index_select(0, rows)), key
+            # a consumer: the decoder's full forward over the reordered output
+            logits, _ = model.decoder(prev[rows], out)
+            assert (logits - model(src[rows], None, prev[rows])[0]).abs().max() < TOL
+
+
 @pytest.mark.parametrize("flags", [dict(), dict(encoder_normalize_before=True, decoder_normalize_before=True)])
-def test_incremental_decoding_equals_full_forward_under_reordering(flags):
+def test_incremental_decoding_equals_full_forward_under_any_reorder(flags):
+    """No beam size set (groups of one): any order a generator gives (rows repeated, dropped,
+    crossing sentences), as fairseq drives it: reorder the incremental state and the encoder
+    output with the same order, then step. Every step equals a full forward of the same rows."""
     model = build(share_all_embeddings=True, **flags)
     src = tokens(JOINED, [7, 3, 5])
-    prev = prev_output(JOINED, [6, 6, 6])
+    prev = prev_output(JOINED, [7, 7, 7])
+    orders = [torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([1, 0, 2, 3, 5, 4]),
+              torch.tensor([4, 1, 0, 5, 3, 2]), torch.tensor([2, 2, 5, 0]), torch.tensor([3, 0])]
     with torch.no_grad():
         encoder_out = model.encoder(src)
-        logits, full_extra = model(src, None, prev)
-        full_lp = model.get_normalized_probs((logits, None), log_probs=True)
-        state = {}
+        _, full_extra = model(src, None, prev)
+        state, rows = {}, torch.arange(3)
         lp, attn = step_by_step(model, encoder_out, prev, state, 0, 2)
-        assert (lp - full_lp[:, :2]).abs().max() < TOL
+        full = log_probs(model, src, prev[:, :2])
+        assert (lp - full).abs().max() < TOL
         assert (attn - full_extra["attn"][0][:, :2]).abs().max() < TOL
-        # beam search: every sentence repeated 2 times, then hypotheses swapped within a beam,
-        # then an arbitrary order (rows of different sentences interleaved)
-        orders = [torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([1, 0, 2, 3, 5, 4]),
-                  torch.tensor([4, 1, 0, 5, 3, 2])]
-        rows = torch.arange(3)
-        t = 2
-        for order in orders:
+        for t, order in enumerate(orders, start=2):
             rows = rows[order]
             model.decoder.reorder_incremental_state_scripting(state, order)
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
             lp, attn = step_by_step(model, encoder_out, prev[rows], state, t, t + 1)
-            # the same rows decoded from scratch by a full forward
-            full = model.get_normalized_probs(model(src[rows], None, prev[rows, : t + 1]), log_probs=True)
-            assert (lp - full[:, t:]).abs().max() < TOL
-            assert (attn - full_extra["attn"][0][rows, t:t + 1]).abs().max() < TOL
-            t += 1
+            full = log_probs(model, src[rows], prev[rows, : t + 1])
+            assert (lp - full[:, t:]).abs().max() < TOL, t
+            assert (attn - full_extra["attn"][0][rows, t:t + 1]).abs().max() < TOL, t
 
 
 def self_attn_buffers(state):
     return [v["buf"] for k, v in state.items() if k.endswith("self_kv")]
 
 
+def encoder_kv(state):
+    return [v["kv"] for k, v in state.items() if k.endswith("static_kv")]
+
+
 @pytest.mark.parametrize("flags", [dict(), dict(encoder_normalize_before=True, decoder_normalize_before=True)])
-def test_beam_cache_reorders_move_nothing_and_equal_full_forward(flags):
-    """As SequenceGenerator decodes: rows repeated per beam before the first step, reorders
-    within beams, a finished sentence dropped, then (not from beam search) rows crossing
-    beams; every step equals a full forward of the same rows. Past the preallocated capacity
-    (16 steps) the buffer grows."""
+def test_beam_decoding_equals_full_forward_and_moves_no_cache_within_beams(flags):
+    """With the beam size set (as SequenceGenerator does): rows repeated per beam before the first
+    step, reorders within beams (hypotheses repeated and dropped), finished sentences dropped;
+    every step equals a full forward of the same rows. The encoder keys/values are computed once
+    per sentence, within-beam reorders move no cache entry, and past the preallocated capacity
+    (16 steps) the self-attention buffer grows."""
     model = build(share_all_embeddings=True, **flags)
+    model.set_beam_size(2)
     src = tokens(JOINED, [7, 3, 5])
     prev = prev_output(JOINED, [24, 24, 24])
     beam = torch.tensor([0, 0, 1, 1, 2, 2])
     orders = ([torch.tensor([1, 1, 2, 3, 5, 4]), torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([1, 0, 3, 3, 4, 4])] * 5
-              + [torch.tensor([0, 1, 5, 4]),  # sentence 1 finished: groups 0 and 2 remain
-                 torch.tensor([1, 0, 3, 2]), torch.tensor([1, 1, 2, 3]),
-                 torch.tensor([3, 0, 2, 1]), torch.tensor([0, 0, 1, 2])])  # rows cross beams
+              + [torch.tensor([0, 1, 5, 4]),  # sentence 1 finished: beams 0 and 2 remain
+                 torch.tensor([1, 0, 3, 2]), torch.tensor([1, 1, 2, 3]), torch.tensor([1, 1, 2, 2]),
+                 torch.tensor([3, 2])])  # sentence 0 finished
     with torch.no_grad():
         encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), beam)
         rows, state = beam, {}
         lp, _ = step_by_step(model, encoder_out, prev[rows], state, 0, 1)
-        full = log_probs(model, src[rows], prev[rows, :1])
-        assert (lp - full).abs().max() < TOL
+        assert (lp - log_probs(model, src[rows], prev[rows, :1])).abs().max() < TOL
+        assert all(kv.size(0) == 3 for kv in encoder_kv(state))  # once per sentence
         for t, order in enumerate(orders, start=1):
             buffers = [b.data_ptr() for b in self_attn_buffers(state)]
-            moves = order.numel() != 6 or not bool((order // 2 == torch.arange(order.numel()) // 2).all())
             model.decoder.reorder_incremental_state_scripting(state, order)
-            if not moves and t > 1:  # within-beam reorders copy no cache entry
+            if order.numel() == rows.numel() and 1 < t < 16:  # within-beam reorders copy no cache entry
                 assert [b.data_ptr() for b in self_attn_buffers(state)] == buffers
             rows = rows[order]
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
@@ -370,6 +398,28 @@ def test_beam_cache_reorders_move_nothing_and_equal_full_forward(flags):
             full = log_probs(model, src[rows], prev[rows, : t + 1])
             assert (lp - full[:, t:]).abs().max() < TOL, t
         assert self_attn_buffers(state)[0].size(1) == 32  # grew once, from 16
+        assert all(kv.size(0) == 1 for kv in encoder_kv(state))
+
+
+def test_rows_that_are_not_beams_fail_loudly_after_set_beam_size():
+    """The beam layout is checked on the device (no host synchronisation): rows of a "beam" that
+    are different sentences, or a reorder across beams, raise instead of decoding wrong rows."""
+    model = build(share_all_embeddings=True)
+    model.set_beam_size(2)
+    src, prev = tokens(JOINED, [7, 3, 5, 4]), prev_output(JOINED, [4, 4, 4, 4])
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match=r"not beams of 2 .*set_beam_size\(1\)"):
+            model.decoder(prev[:, :1], model.encoder(src), {})  # four sentences, no beams
+        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src[:2]), torch.tensor([0, 0, 1, 1]))
+        state = {}
+        model.decoder(prev[:4, :1], encoder_out, state)
+        with pytest.raises(RuntimeError, match="not beams of 2"):
+            model.decoder.reorder_incremental_state(state, torch.tensor([0, 2, 1, 3]))
+        with pytest.raises(ConfigError, match="3 rows is not whole beams of 2"):
+            model.decoder.reorder_incremental_state(state, torch.tensor([0, 1, 2]))
+        model.set_beam_size(1)  # the way back: any rows
+        logits, _ = model.decoder(prev[:, :1], model.encoder(src), {})
+        assert (logits - model(src, None, prev[:, :1])[0]).abs().max() < TOL
 
 
 def test_slot_cache_equals_naive_cat_reference():
@@ -378,23 +428,23 @@ def test_slot_cache_equals_naive_cat_reference():
     model = build(share_all_embeddings=True)
     decoder, attn = model.decoder, model.decoder.layers[0].self_attn
     g = torch.Generator().manual_seed(3)
-    state, ref_kv, group = {}, None, 3
-    x = torch.randn(6, 1, 64, generator=g)
+    state, ref_kv, group, n = {}, None, 3, 6
+    x = torch.randn(n, 1, 64, generator=g)
     with torch.no_grad():
         for t in range(20):
             if t > 0:
-                order = (torch.randint(0, group, (6,), generator=g) + torch.arange(6) // group * group)
+                order = torch.randint(0, group, (n,), generator=g) + torch.arange(n) // group * group
                 if t == 13:
-                    order = torch.tensor([5, 0, 1, 2, 4, 3])  # rows cross groups: groups of one from here
+                    order, n = order[3:], 3  # the first beam finished
                 decoder.reorder_incremental_state(state, order)
                 ref_kv = ref_kv.index_select(0, order)
-                x = x[order] + torch.randn(6, 1, 64, generator=g)
-            slot_mask = decoder._slot_mask(state, 6, group)
-            out, _ = attn(x, attn_mask=slot_mask, incremental_state=state)
-            qkv = attn.in_proj(x).view(6, 1, 3, 4, 16).permute(0, 2, 3, 1, 4)  # [N, 3, h, 1, d_k]
+                x = x[order] + torch.randn(n, 1, 64, generator=g)
+            slot_mask = decoder._slot_mask(state, n, group)
+            out, _ = attn(x, attn_mask=slot_mask, incremental_state=state, group=group)
+            qkv = attn.in_proj(x).view(n, 1, 3, 4, 16).permute(0, 2, 3, 1, 4)  # [N, 3, h, 1, d_k]
             ref_kv = qkv[:, 1:] if ref_kv is None else torch.cat([ref_kv, qkv[:, 1:]], dim=3)
             scores = qkv[:, 0] @ ref_kv[:, 0].transpose(-2, -1) / 4.0  # QKᵀ/√d_k
-            ref = attn.out_proj((scores.softmax(-1) @ ref_kv[:, 1]).transpose(1, 2).reshape(6, 1, 64))
+            ref = attn.out_proj((scores.softmax(-1) @ ref_kv[:, 1]).transpose(1, 2).reshape(n, 1, 64))
             assert (out - ref).abs().max() < TOL, t
 
 

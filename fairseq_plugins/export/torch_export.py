@@ -13,10 +13,13 @@ state rows with ``index_select``) runs outside. Batch and source length are dyna
 each step is the eager model's own code.
 
 Families: ``rnnsearch`` and ``rnnencdec`` (state: ``s`` and the per-sentence context
-tensors), ``seq2seq_lstm`` (``h``, ``c`` per layer). Every state tensor is batch-first.
-``vaswani_transformer``: :func:`export_encoder` exports its encoder; its decoding cache is a
-preallocated buffer that grows in place, which torch.export specialises to the traced length,
-so its whole-model route is CTranslate2 (``fairseq-plugins-export-ctranslate2``).
+tensors), ``seq2seq_lstm`` (``h``, ``c`` per layer), ``vaswani_transformer`` (every layer's
+encoder–decoder keys/values [B, 2, h, S, d_k] and self-attention keys/values so far
+[B, t, 1, 2, h, d_k], t = 0 after the encoder, and the source padding mask [B, S]); for the
+Transformer the target length t is dynamic too (up to ``--max-target-positions``). Every state
+tensor is batch-first. The Transformer's step is the eager decoder's code on a cache handed in
+without a preallocated buffer, which grows by concatenation (eagerly it is written in place);
+:func:`export_encoder` exports its encoder alone.
 """
 from typing import Dict, List, Tuple
 
@@ -28,7 +31,7 @@ from torch.export import Dim, ExportedProgram
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.rnnsearch import ConditionalGRUDecoder
 from fairseq_plugins.models.seq2seq_lstm import LSTMDecoder
-from fairseq_plugins.models.transformer import VaswaniTransformerEncoder
+from fairseq_plugins.models.transformer import VaswaniTransformerDecoder, VaswaniTransformerEncoder
 
 # the incremental-state entry each decoder keeps its state in, and which of its tensors
 # have a source-length dimension (dim 1: RNNsearch's annotations)
@@ -54,6 +57,10 @@ def _states(decoder: nn.Module):
 
 def state_names(model) -> List[str]:
     """Names of the state tensors, in the order the programs take and return them."""
+    if isinstance(model.decoder, VaswaniTransformerDecoder):
+        layers = range(len(model.decoder.layers))
+        return ([f"layers.{i}.encoder_attn.kv" for i in layers] + [f"layers.{i}.self_attn.kv" for i in layers]
+                + ["encoder_padding_mask"])
     _states(model.decoder)
     with torch.no_grad():
         src = _example_source(model.encoder.dictionary)
@@ -92,23 +99,70 @@ class DecoderStepProgram(nn.Module):
 def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
     """The encoder and decoder-step programs of a model of any family (put in eval mode)."""
     model.eval()
-    if isinstance(model.encoder, VaswaniTransformerEncoder):
-        # its decoding cache is a preallocated buffer whose growth torch.export specialises
-        raise ConfigError("vaswani_transformer: torch.export covers its encoder only (export_encoder); "
-                          "deploy the whole model with fairseq-plugins-export-ctranslate2")
     names = state_names(model)
-    batch, src_len = Dim("batch", min=1), Dim("src_len", min=1)
+    transformer = isinstance(model.decoder, VaswaniTransformerDecoder)
+    batch = Dim("batch", min=1)
+    # the Transformer's position tables bound its lengths (the step's position is t + 1)
+    src_len = Dim("src_len", min=1, max=model.encoder.max_positions()) if transformer else Dim("src_len", min=1)
     src = _example_source(model.encoder.dictionary)
+    programs = (TransformerEncoderProgram(model), TransformerStepProgram(model)) if transformer else (
+        EncoderProgram(model, names), DecoderStepProgram(model, names))
     with torch.no_grad():
-        encoder = torch.export.export(EncoderProgram(model, names), (src,),
-                                      dynamic_shapes=({0: batch, 1: src_len},))
-        state = EncoderProgram(model, names)(src)
+        encoder = torch.export.export(programs[0], (src,), dynamic_shapes=({0: batch, 1: src_len},))
+        state = programs[0](src)
         prev = torch.full((src.size(0), 1), model.decoder.dictionary.eos())
-        with_length = _states(model.decoder)[1]
-        state_shapes = tuple({0: batch, 1: src_len} if name in with_length else {0: batch} for name in names)
-        step = torch.export.export(DecoderStepProgram(model, names), (prev, *state),
+        if transformer:
+            for _ in range(2):  # a traced length of 0 or 1 would be specialised
+                state = programs[1](prev, *state)[1:]
+            tgt_len = Dim("tgt_len", min=0, max=model.decoder.max_positions() - 1)
+            state_shapes = tuple({0: batch, 3: src_len} if name.endswith("encoder_attn.kv") else
+                                 {0: batch, 1: tgt_len} if name.endswith("self_attn.kv") else
+                                 {0: batch, 1: src_len} for name in names)
+        else:
+            with_length = _states(model.decoder)[1]
+            state_shapes = tuple({0: batch, 1: src_len} if name in with_length else {0: batch} for name in names)
+        step = torch.export.export(programs[1], (prev, *state),
                                    dynamic_shapes=({0: batch}, state_shapes))  # *state: one group
     return encoder, step
+
+
+class TransformerEncoderProgram(nn.Module):
+    """``src_tokens`` -> the Transformer decoder's initial state (see :func:`state_names`)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.encoder, self.decoder = model.encoder, model.decoder
+
+    def forward(self, src_tokens: Tensor) -> Tuple[Tensor, ...]:
+        encoder_out = self.encoder(src_tokens)["encoder_out"][0]  # [B, S, d]
+        cross = [layer.encoder_attn.encoder_kv(encoder_out) for layer in self.decoder.layers]  # [B, 2, h, S, d_k]
+        # no self-attention entries yet: [B, t = 0, G = 1, 2, h, d_k]
+        empty = [kv.new_zeros(kv.size(0), 0, 1, kv.size(1), kv.size(2), kv.size(4)) for kv in cross]
+        return (*cross, *empty, src_tokens.eq(self.encoder.padding_idx))
+
+
+class TransformerStepProgram(nn.Module):
+    """One step of the eager Transformer decoder, its incremental state built from the inputs."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.decoder = model.decoder
+
+    def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
+        layers = self.decoder.layers
+        cross, past, padding = state[:len(layers)], state[len(layers):-1], state[-1]
+        incremental_state: Dict[str, Dict[str, Tensor]] = {}
+        for layer, kv, past_kv in zip(layers, cross, past):
+            layer.encoder_attn.set_incremental_state(incremental_state, "static_kv", {"kv": kv})
+            # no buffer: the cache grows by concatenation, which export traces for any length
+            layer.self_attn.set_incremental_state(incremental_state, "self_kv", {"buf": None, "kv": past_kv})
+        # the decoder reads the newest token and, from the prefix length, its position
+        prefix = prev_token.expand(-1, past[0].size(1) + 1)
+        logits, _ = self.decoder(prefix, {"encoder_out": [], "encoder_padding_mask": [padding]},
+                                 incremental_state=incremental_state)
+        log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)  # as fairseq's get_normalized_probs
+        new = [layer.self_attn.get_incremental_state(incremental_state, "self_kv")["kv"] for layer in layers]
+        return (log_probs, *cross, *new, padding)
 
 
 class _TransformerEncoderProgram(nn.Module):

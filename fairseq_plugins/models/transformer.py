@@ -47,6 +47,8 @@ from fairseq_plugins.modules.transformer_layer import (
 
 DEFAULT_MAX_POSITIONS = 1024
 EncoderOut = Dict[str, List[Tensor]]
+BEAM_ERROR = ("vaswani_transformer: decoding rows that are not beams of {beam} consecutive rows of one sentence, "
+              "reordered within their beam, after set_beam_size({beam}); call set_beam_size(1) first")
 
 
 def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.Embedding:
@@ -112,14 +114,12 @@ class VaswaniTransformerEncoder(FairseqEncoder):
             x = run_layer(layer, (x, attn_mask), self.checkpoint_activations, self.offload_activations)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        return {"encoder_out": [x], "encoder_padding_mask": [padding_mask] if has_pads else [],
-                "src_rows": []}
+        return {"encoder_out": [x], "encoder_padding_mask": [padding_mask] if has_pads else []}
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        """Lazy: the tensors keep one row per source sentence; ``src_rows`` [N] records
-        which sentence row n now stands for (beam search repeats and reorders rows)."""
-        rows = encoder_out["src_rows"]
-        return {**encoder_out, "src_rows": [rows[0].index_select(0, new_order) if rows else new_order]}
+        """fairseq's contract: row n of every returned tensor is row ``new_order[n]``."""
+        return {key: [tensor.index_select(0, new_order) for tensor in tensors]
+                for key, tensors in encoder_out.items()}
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
@@ -137,6 +137,7 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
             args.activation_dropout, args.decoder_normalize_before, encoder_dim))
         self.alignment_layer = args.alignment_layer % args.decoder_layers
         self.need_attn = True  # fairseq-generate sets it to --print-alignment
+        self.beam_size = 1  # set_beam_size
         self.output_projection = nn.Linear(d_model, len(dictionary), bias=False)
         if args.share_decoder_input_output_embed:
             self.output_projection.weight = embed_tokens.weight  # §3.4: shared with the embedding
@@ -160,14 +161,14 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
             prev_output_tokens = prev_output_tokens[:, -1:]  # the newest token only
         x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions  # √d·E y + PE
         x = self.dropout_module(x)
-        encoder, encoder_attn_mask, key_rows, group = self._encoder_rows(encoder_out, x.size(0), incremental)
+        group = self._group(incremental_state, encoder_out, x.size(0)) if incremental_state is not None else 1
+        encoder, encoder_attn_mask = self._encoder_rows(encoder_out, group)
         slot_mask = self._slot_mask(incremental_state, x.size(0), group) if incremental_state is not None else None
         need_attn = self.need_attn and not self.training
         attn: Optional[Tensor] = None
         for idx, layer in enumerate(self.layers):
             x, layer_attn = run_layer(layer, (x, encoder, encoder_attn_mask, incremental_state,
-                                              need_attn and idx == self.alignment_layer, key_rows, group,
-                                              slot_mask),
+                                              need_attn and idx == self.alignment_layer, group, slot_mask),
                                       self.checkpoint_activations, self.offload_activations)
             if layer_attn is not None:
                 attn = layer_attn
@@ -175,55 +176,50 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
             x = self.layer_norm(x)
         return x, {"attn": [attn]}
 
-    @staticmethod
-    def _encoder_rows(encoder_out: EncoderOut, num_rows: int, incremental: bool):
-        """Which encoder row each of the ``num_rows`` decoder rows attends to.
+    def _group(self, incremental_state: IncrementalState, encoder_out: EncoderOut, num_rows: int) -> int:
+        """G for this decoding step: how many consecutive rows decode one sentence's beam and
+        share its cached encoder keys/values. From shapes only (no host synchronisation): the
+        beam bookkeeping's once decoding has begun, else the beam size the generator set."""
+        beams = self.get_incremental_state(incremental_state, "beam_slots")
+        if beams is not None:
+            return beams["slots"].size(1)
+        if self.layers[0].encoder_attn.get_incremental_state(incremental_state, "static_kv") is not None:
+            return 1  # decoding has begun in groups of one
+        group = self.beam_size if num_rows % self.beam_size == 0 else 1
+        if group > 1:  # beam search repeats each sentence G times, consecutively: check it on the device
+            rows = encoder_out["encoder_out"][0].reshape(num_rows // group, group, -1)
+            torch._assert_async((rows == rows[:, :1]).all(), BEAM_ERROR.format(beam=group))
+        return group
 
-        Returns the encoder output, the encoder–decoder attention mask, ``key_rows`` and
-        ``group`` (see MultiheadAttention). A full forward gathers the encoder rows; a
-        decoding step lets each run of rows on the same sentence (a beam) attend as one block
-        to that sentence's cached keys and values, so they are never copied per hypothesis.
-        """
-        encoder = encoder_out["encoder_out"][0]  # [B, S, d]
+    @staticmethod
+    def _encoder_rows(encoder_out: EncoderOut, group: int):
+        """The encoder output [N / G, S, d] (None in the exported step, whose state holds the keys
+        and values) and the encoder–decoder attention mask [N / G, 1, 1, S] (None without
+        padding) that each group of G rows reads: a beam's first row stands for its sentence."""
+        encoder = encoder_out["encoder_out"][0] if encoder_out["encoder_out"] else None  # [N, S, d]
         padding = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        key_rows, group = None, 1
-        if encoder_out["src_rows"]:
-            rows = encoder_out["src_rows"][0]  # [N]
-            if not incremental:
-                encoder = encoder.index_select(0, rows)
-                padding = None if padding is None else padding.index_select(0, rows)
-            else:
-                sentences, run_lengths = torch.unique_consecutive(rows, return_counts=True)
-                if bool(run_lengths.min() == run_lengths.max()):  # equal runs: beam search
-                    key_rows, group = sentences, num_rows // sentences.numel()
-                else:
-                    key_rows = rows
-                if key_rows.numel() == encoder.size(0) and torch.equal(
-                        key_rows, torch.arange(encoder.size(0), device=key_rows.device)):
-                    key_rows = None  # every sentence once, in order: read the cache as it is
-        if padding is None:
-            return encoder, None, key_rows, group
-        if key_rows is not None:
-            padding = padding.index_select(0, key_rows)
-        return encoder, ~padding[:, None, None, :], key_rows, group  # mask [N / group, 1, 1, S]
+        if group > 1:
+            encoder = None if encoder is None else encoder[::group]
+            padding = None if padding is None else padding[::group]
+        return encoder, None if padding is None else ~padding[:, None, None, :]
 
     def _slot_mask(self, incremental_state: IncrementalState, num_rows: int, group: int) -> Optional[Tensor]:
-        """Self-attention cache bookkeeping for one decoding step. ``slots`` [R, G, t] says for each
-        hypothesis (R groups of G, a beam each) which slot of its group holds the entry of each
-        earlier step, i.e. its ancestor's; this step every hypothesis writes its own slot.
+        """Self-attention cache bookkeeping for one decoding step of beams (G > 1). ``slots``
+        [R, G, t] says for each hypothesis (R beams of G) which slot of its beam holds the entry
+        of each earlier step, i.e. its ancestor's; this step every hypothesis writes its own slot.
         Returns the additive mask [R, 1, G, (t+1)·G], 0 where a hypothesis reads an entry and -inf
         elsewhere, or None for groups of one (every row reads its own entries)."""
-        state = self.get_incremental_state(incremental_state, "self_attn_slots")
-        if state is None or state["slots"] is None:  # first step: groups as the encoder rows give them
+        if group == 1:
+            return None
+        state = self.get_incremental_state(incremental_state, "beam_slots")
+        if state is None:  # first step
             slots = torch.empty(num_rows // group, group, 0, dtype=torch.long, device=self.embed_tokens.weight.device)
         else:
             slots = state["slots"]
-        rows, group, steps = slots.shape
+        rows, steps = slots.size(0), slots.size(2)
         own = torch.arange(group, device=slots.device)
         slots = torch.cat([slots, own.view(1, group, 1).expand(rows, group, 1)], dim=2)
-        self.set_incremental_state(incremental_state, "self_attn_slots", {"slots": slots})
-        if group == 1:
-            return None
+        self.set_incremental_state(incremental_state, "beam_slots", {"slots": slots})
         reads = (slots.unsqueeze(3) == own).view(rows, 1, group, (steps + 1) * group)
         # additive (0 / -inf) once per step rather than a bool mask converted by every layer
         return torch.zeros(reads.shape, device=reads.device).masked_fill_(~reads, float("-inf"))
@@ -235,24 +231,34 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
         return self.embed_positions.max_positions
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Row n now continues row new_order[n]. Beam search reorders within each beam: the
-        self-attention entries stay where they are and only ``slots`` moves; other orders gather
-        each row's entries once (groups of one). The encoder–decoder caches never move."""
-        state = self.get_incremental_state(incremental_state, "self_attn_slots")
-        if state is None or state["slots"] is None:
+        """fairseq's contract: row n of every cache now continues row ``new_order[n]``.
+
+        Groups of one: every cache selects ``new_order``'s rows. Beams (G > 1, the beam size the
+        generator set): beam search only reorders hypotheses within a beam and drops finished
+        beams, so ``slots`` follows the rows, the self-attention entries stay where they are and
+        both caches select beams only when some finished; the device checks that assumption."""
+        state = self.get_incremental_state(incremental_state, "beam_slots")
+        if state is None:
+            for layer in self.layers:
+                layer.self_attn.reorder_cache(incremental_state, new_order)
+                layer.encoder_attn.reorder_cache(incremental_state, new_order)
             return
         rows, group, steps = state["slots"].shape
-        slots = state["slots"].view(rows * group, steps).index_select(0, new_order)  # [N', t]
-        origin = new_order // group  # old group of each new row
-        ancestors: Optional[Tensor] = None
-        if group > 1 and new_order.numel() % group == 0 and bool(
-                (origin.view(-1, group) == origin.view(-1, group)[:, :1]).all()):
-            groups, slots = origin.view(-1, group)[:, 0], slots.view(-1, group, steps)
-        else:  # rows left their beams (or groups of one): each row becomes its own group
-            groups, ancestors, slots = origin, slots, torch.zeros_like(slots).unsqueeze(1)
-        self.set_incremental_state(incremental_state, "self_attn_slots", {"slots": slots})
-        for layer in self.layers:  # the encoder-decoder caches are per sentence: never moved
-            layer.self_attn.reorder_cache(incremental_state, groups, ancestors)
+        if new_order.numel() % group != 0:
+            raise ConfigError(f"vaswani_transformer: a reorder of {new_order.numel()} rows is not whole beams of "
+                              f"{group} (the beam size given to set_beam_size)")
+        beams = new_order.view(-1, group)  # [R', G]
+        origin = beams[:, 0] // group  # the old beam each new beam continues
+        kept = (beams // group == origin.unsqueeze(1)).all()
+        if origin.numel() == rows:  # no beam finished: every beam stays in its place
+            kept &= (origin == torch.arange(rows, device=origin.device)).all()
+        torch._assert_async(kept, BEAM_ERROR.format(beam=group))
+        slots = state["slots"].view(rows * group, steps).index_select(0, new_order)
+        self.set_incremental_state(incremental_state, "beam_slots", {"slots": slots.view(-1, group, steps)})
+        if origin.numel() != rows:  # finished beams leave the caches
+            for layer in self.layers:
+                layer.self_attn.reorder_cache(incremental_state, origin)
+                layer.encoder_attn.reorder_cache(incremental_state, origin)
 
     def reorder_incremental_state_scripting(self, incremental_state: IncrementalState,
                                             new_order: Tensor):
@@ -260,6 +266,13 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
 
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.need_attn = need_attn
+
+    def set_beam_size(self, beam_size: int):
+        """The beam of the generator (fairseq's ``SequenceGenerator`` sets it through the model):
+        incremental decoding then treats every ``beam_size`` consecutive rows as one sentence's
+        beam, its encoder keys/values computed once and its reorders moving no cache entry.
+        ``set_beam_size(1)`` before decoding rows laid out otherwise."""
+        self.beam_size = beam_size
 
 
 @register_model("vaswani_transformer")
@@ -340,6 +353,10 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
         encoder = VaswaniTransformerEncoder(args, src_dict, encoder_embed)
         decoder = VaswaniTransformerDecoder(args, tgt_dict, decoder_embed, args.encoder_embed_dim)
         return cls(encoder, decoder)
+
+    def set_beam_size(self, beam_size: int):
+        """Called by fairseq's ``SequenceGenerator`` (``EnsembleModel.set_decoder_beam_size``)."""
+        self.decoder.set_beam_size(beam_size)
 
 
 @register_model_architecture("vaswani_transformer", "vaswani_transformer")

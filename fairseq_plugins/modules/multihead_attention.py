@@ -9,20 +9,24 @@ itself runs in ``torch.nn.functional.scaled_dot_product_attention`` (fused kerne
 and GPU); the weights are materialised only when ``need_weights`` asks for them.
 
 Self-attention projects Q, K and V with one fused [3·d_model, d_model] matrix (``in_proj``).
-When decoding step by step it caches the keys and values of the tokens so far in a buffer
-[R, capacity, G, 2, h, d_k] preallocated for several steps and written in place. In beam
-search the G = beam hypotheses of a sentence form one group: step j's entries stay in the
-slot of the hypothesis that wrote them, beam reorders move nothing, and each hypothesis
-reads its own ancestors' slots through ``attn_mask`` (the decoder's ``slot_mask``), its group
-attending as one [h, G, d_k] query block to the group's (t·G) keys. Rows that leave their
-group (any other reorder) are gathered into groups of one (:meth:`reorder_cache`).
-
 Encoder–decoder attention projects the queries with ``q_proj`` and the encoder output with
-one fused [2·d_model, kdim] matrix (``kv_proj``). When decoding, keys and values are
-computed once per *source sentence* ([B, h, S, d_k], cached) and never reordered: the
-caller says which sentence each query row reads (``key_rows``) and how many consecutive
-query rows share it (``group``, the beam size in beam search), and the rows of a group
-attend together as one [h, group, d_k] query block.
+one fused [2·d_model, kdim] matrix (``kv_proj``).
+
+Decoding step by step, both keep their keys and values in fairseq's incremental state, for
+R groups of G consecutive query rows (G = 1, or the beam size when the decoder decodes beams:
+a beam's hypotheses share one source sentence). A group's rows attend together as one
+[h, G, d_k] query block:
+
+- encoder–decoder (``static_kv``): ``kv`` [R, 2, h, S, d_k], computed once per group, i.e.
+  once per source sentence in beam search;
+- self-attention (``self_kv``): ``kv`` [R, t, G, 2, h, d_k], step-major and slot-minor: step
+  j's entries stay in the slot of the hypothesis that wrote them, and each hypothesis reads
+  its ancestors' slots through the decoder's additive ``slot_mask``. Eagerly ``kv`` is a view
+  of ``buf`` [R, capacity, G, 2, h, d_k], preallocated and written in place (capacity doubles
+  when full); a cache handed in without ``buf`` (the exported decoder step's state) grows by
+  concatenation, which ``torch.export`` traces for any length.
+
+:meth:`reorder_cache` selects groups (or rows, G = 1) of both caches.
 """
 from typing import Dict, Optional, Tuple
 
@@ -35,6 +39,7 @@ from torch import Tensor, nn
 from fairseq_plugins.errors import ConfigError
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+INITIAL_CAPACITY = 16  # decoding steps the self-attention buffer holds before it first doubles
 
 
 @with_incremental_state
@@ -77,41 +82,38 @@ class MultiheadAttention(nn.Module):
         causal: bool = False,
         incremental_state: Optional[IncrementalState] = None,
         need_weights: bool = False,
-        key_rows: Optional[Tensor] = None,
         group: int = 1,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """
         Args:
             query: [N, T, d_model].
-            key: [B, S, kdim] encoder output (encoder–decoder attention; read once per
-                sentence when ``incremental_state`` caches its keys and values).
+            key: [N / group, S, kdim] encoder output (encoder–decoder attention; unused once
+                ``incremental_state`` holds its keys and values).
             attn_mask: bool [N / group, 1, 1, S], True where a key may be attended; in incremental
                 self-attention the decoder's additive slot mask [N / G, 1, G, (t+1)·G], or None (G = 1).
             causal: mask future positions (decoder self-attention over a full sequence).
             need_weights: also return the attention weights averaged over heads, [N, T, S].
-            key_rows: [N / group] which row of ``key`` each query group reads (None: row i
-                reads row i).
-            group: number of consecutive query rows that read the same keys.
+            group: G, the number of consecutive query rows that share keys (incremental only).
         Returns:
             output [N, T, d_model] and the weights or None.
         """
         num_rows, tgt_len, _ = query.shape
         if self.encoder_decoder_attention:
             q = self._split(self.q_proj(query), 1)[:, 0]  # Q W^Q: [N, h, T, d_k]
-            kv = self._cached(incremental_state, "static_kv")
-            if kv is None:
-                kv = self._split(self.kv_proj(key), 2)  # [K W^K, V W^V]: [B, 2, h, S, d_k]
+            cache = None if incremental_state is None else self.get_incremental_state(incremental_state, "static_kv")
+            if cache is None:
+                kv = self.encoder_kv(key)  # [N / group, 2, h, S, d_k]
                 if incremental_state is not None:
                     self.set_incremental_state(incremental_state, "static_kv", {"kv": kv})
-            if key_rows is not None:
-                kv = kv.index_select(0, key_rows)  # [N / group, 2, h, S, d_k]
+            else:
+                kv = cache["kv"]
             # a group's rows become one query block: [N / group, h, group·T, d_k]
             q = q.transpose(1, 2).reshape(-1, group * tgt_len, self.num_heads, self.d_k).transpose(1, 2)
         else:
             qkv = self._split(self.in_proj(query), 3)  # [N, 3, h, T, d_k]
             q, kv = qkv[:, 0], qkv[:, 1:]
             if incremental_state is not None:
-                q, kv = self._append_to_cache(incremental_state, q, kv, attn_mask)
+                q, kv = self._append_to_cache(incremental_state, q, kv, group)
         k, v = kv[:, 0], kv[:, 1]
         # the fused kernel takes dropout as a probability; FairseqDropout says when it applies
         drop = self.dropout_module
@@ -130,34 +132,35 @@ class MultiheadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(num_rows, tgt_len, self.embed_dim)  # Concat(head_1..h)
         return self.out_proj(out), weights
 
+    def encoder_kv(self, key: Tensor) -> Tensor:
+        """[K W^K, V W^V] of the encoder output [B, S, kdim]: [B, 2, h, S, d_k]."""
+        return self._split(self.kv_proj(key), 2)
+
     def _append_to_cache(self, incremental_state: IncrementalState, q: Tensor, kv: Tensor,
-                         slot_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """Writes this step's keys/values ``kv`` [N, 2, h, 1, d_k] into the buffer in place.
-        Returns the queries as group blocks [R, h, G, d_k] and the group's keys and values
-        [R, 2, h, (t+1)·G, d_k] (views of the buffer, step-major, slot-minor)."""
-        group = 1 if slot_mask is None else slot_mask.size(2)
+                         group: int) -> Tuple[Tensor, Tensor]:
+        """Adds this step's keys/values ``kv`` [N, 2, h, 1, d_k] to the cache. Returns the queries
+        as group blocks [R, h, G, d_k] and the group's keys and values [R, 2, h, (t+1)·G, d_k]."""
         rows = q.size(0) // group
+        new = kv.squeeze(3).reshape(rows, 1, group, 2, self.num_heads, self.d_k)
         cache = self.get_incremental_state(incremental_state, "self_kv")
-        if cache is None or cache["buf"] is None or cache["kv"] is None:
-            buf = kv.new_empty(rows, 16, group, 2, self.num_heads, self.d_k)
-            t = 0
+        if cache is not None and cache["buf"] is None:  # handed in (exported step): concatenated
+            buf, cached = None, torch.cat([cache["kv"], new], dim=1)
         else:
-            buf, t = cache["buf"], cache["kv"].size(1)
-        if t == buf.size(1):  # full: double the capacity (amortised O(1) copies per step)
-            bigger = buf.new_empty(rows, 2 * t, group, 2, self.num_heads, self.d_k)
-            bigger[:, :t] = buf
-            buf = bigger
-        buf[:, t] = kv.squeeze(3).reshape(rows, group, 2, self.num_heads, self.d_k)
-        self.set_incremental_state(incremental_state, "self_kv", {"buf": buf, "kv": buf[:, :t + 1]})
-        keys = buf[:, :t + 1].reshape(rows, (t + 1) * group, 2, self.num_heads, self.d_k)  # a view
+            if cache is None:  # first step
+                buf, t = new.new_empty(rows, INITIAL_CAPACITY, group, 2, self.num_heads, self.d_k), 0
+            else:
+                buf, t = cache["buf"], cache["kv"].size(1)
+            if t == buf.size(1):  # full: double the capacity (amortised O(1) copies per step)
+                bigger = buf.new_empty(rows, 2 * t, *buf.shape[2:])
+                bigger[:, :t] = buf
+                buf = bigger
+            buf[:, t] = new[:, 0]
+            cached = buf[:, :t + 1]
+        self.set_incremental_state(incremental_state, "self_kv", {"buf": buf, "kv": cached})
+        steps = cached.size(1)
+        keys = cached.reshape(rows, steps * group, 2, self.num_heads, self.d_k)  # step-major, slot-minor
         q = q.transpose(1, 2).reshape(rows, group, self.num_heads, self.d_k).transpose(1, 2)
         return q, keys.permute(0, 2, 3, 1, 4)
-
-    def _cached(self, incremental_state: Optional[IncrementalState], key: str) -> Optional[Tensor]:
-        if incremental_state is None:
-            return None
-        cache = self.get_incremental_state(incremental_state, key)
-        return None if cache is None else cache["kv"]
 
     def _attention_with_weights(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
                                 causal: bool, dropout_p: float) -> Tuple[Tensor, Tensor]:
@@ -174,25 +177,18 @@ class MultiheadAttention(nn.Module):
         out = torch.matmul(F.dropout(probs, p=dropout_p, training=dropout_p > 0), v)
         return out, probs
 
-    def reorder_cache(self, incremental_state: IncrementalState, groups: Tensor,
-                      ancestors: Optional[Tensor] = None):
-        """Self-attention cache after a reorder. Without ``ancestors``: new group g is old group
-        ``groups[g]`` (nothing moves when that is every group in order). With ``ancestors``
-        [N', t] (rows left their groups): new row n becomes a group of one holding, for every
-        step j, the entry of old group ``groups[n]``, slot ``ancestors[n, j]``."""
-        cache = self.get_incremental_state(incremental_state, "self_kv")
-        if cache is None or cache["buf"] is None or cache["kv"] is None:
-            return
-        buf, t = cache["buf"], cache["kv"].size(1)
-        rows, capacity, group = buf.shape[:3]
-        if ancestors is not None:
-            steps = torch.arange(t, device=buf.device)
-            index = (groups.unsqueeze(1) * capacity + steps) * group + ancestors  # [N', t] into [R·capacity·G]
-            gathered = buf.view(rows * capacity * group, -1).index_select(0, index.view(-1))
-            buf = buf.new_empty(groups.numel(), capacity, 1, *buf.shape[3:])
-            buf[:, :t] = gathered.view(groups.numel(), t, 1, *buf.shape[3:])
-        elif groups.numel() != rows or not torch.equal(groups, torch.arange(rows, device=groups.device)):
-            buf = buf.index_select(0, groups)
-        else:
-            return
-        self.set_incremental_state(incremental_state, "self_kv", {"buf": buf, "kv": buf[:, :t]})
+    def reorder_cache(self, incremental_state: IncrementalState, index: Tensor):
+        """New group (row, for G = 1) g continues old group ``index[g]``: both caches are selected
+        along their first dimension."""
+        for key in ("self_kv", "static_kv"):
+            cache = self.get_incremental_state(incremental_state, key)
+            if cache is None:
+                continue
+            buf = cache.get("buf")
+            if buf is not None:
+                steps = cache["kv"].size(1)
+                buf = buf.index_select(0, index)
+                cache = {"buf": buf, "kv": buf[:, :steps]}
+            else:
+                cache = {**cache, "kv": cache["kv"].index_select(0, index)}
+            self.set_incremental_state(incremental_state, key, cache)

@@ -86,25 +86,25 @@ class TransformerDecoderLayer(_Layer):
                                                encoder_decoder_attention=True, kdim=encoder_dim)
         self.encoder_attn_layer_norm = nn.LayerNorm(d_model)
 
-    def forward(self, x: Tensor, encoder_out: Tensor, encoder_attn_mask: Optional[Tensor],
+    def forward(self, x: Tensor, encoder_out: Optional[Tensor], encoder_attn_mask: Optional[Tensor],
                 incremental_state: Optional[IncrementalState] = None, need_attn: bool = False,
-                key_rows: Optional[Tensor] = None, group: int = 1,
-                slot_mask: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                group: int = 1, slot_mask: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """
         x: [N, T, d_model] (T = 1 when decoding step by step with ``incremental_state``);
-        encoder_out: [B, S, d_encoder]; encoder_attn_mask: bool [N / group, 1, 1, S] or None;
-        key_rows, group: which encoder row the query rows read (see MultiheadAttention);
-        slot_mask: which cached self-attention entries each hypothesis reads (incremental).
+        encoder_out: [N / group, S, d_encoder] (None once the incremental state holds its keys
+        and values); encoder_attn_mask: bool [N / group, 1, 1, S] or None;
+        group: G consecutive rows of a beam read one encoder row (incremental; see MultiheadAttention);
+        slot_mask: which cached self-attention entries each hypothesis reads (incremental, G > 1).
         Returns x and, with ``need_attn``, the encoder–decoder attention [N, T, S].
         """
         y, _ = self.self_attn(self._input(x, self.self_attn_layer_norm),
                               attn_mask=slot_mask,
                               causal=incremental_state is None,  # mask future positions
-                              incremental_state=incremental_state)
+                              incremental_state=incremental_state, group=group)
         x = self._residual(x, y, self.self_attn_layer_norm)
         y, attn = self.encoder_attn(self._input(x, self.encoder_attn_layer_norm), encoder_out,
                                     attn_mask=encoder_attn_mask,
                                     incremental_state=incremental_state, need_weights=need_attn,
-                                    key_rows=key_rows, group=group)
+                                    group=group)
         x = self._residual(x, y, self.encoder_attn_layer_norm)
         return self._ffn(x), attn
