@@ -24,6 +24,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 import fairseq_plugins  # noqa: F401  (registers the models)
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.export.hf import export as export_hf
 from fairseq_plugins.export.hf.rnn import MODELING_FILE, check_supported, write_model
 from helpers import USER_DIR, make_corpus, run
 
@@ -35,11 +36,8 @@ FAIRSEQ_BEAM_4 = dict(num_beams=4, early_stopping=True, length_penalty=1.0, max_
 
 
 def export(checkpoint, out_dir):
-    """The export step of every test of a trained checkpoint."""
-    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
-    os.makedirs(out_dir)
-    write_model(models[0].eval(), out_dir)
-    return out_dir
+    """The export step of every test of a trained checkpoint: what fairseq-plugins-export-hf --beam 4 runs."""
+    return export_hf(checkpoint, out_dir, beam=4)
 
 
 def load(model_dir):
@@ -294,8 +292,6 @@ def test_unsupported_models_are_refused_in_one_line_before_writing(tmp_path):
 
 def test_pipeline_on_raw_text_gives_the_suite_route_strings(generation_models, beam_oracle, tmp_path):
     """pipeline("translation") on raw text == tokenize -> fairseq-generate --beam 4 -> detokenize."""
-    pytest.importorskip("fairseq_plugins.export.hf.pipeline_fairseq_plugins",
-                        reason="needs branch hf's export (tokenizer, pipeline): runs once the two are merged")
     from transformers import pipeline
 
     from fairseq_plugins.cli.tokenize import main as tokenize_main
