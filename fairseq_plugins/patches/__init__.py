@@ -15,6 +15,7 @@ from fairseq_plugins.patches import (
     cpu_fp16,
     cpu_launch,
     encoder_fast_path,
+    finished_run,
     hub_score,
     lost_worker,
     match_source_len,
@@ -30,7 +31,7 @@ from fairseq_plugins.patches import (
 # Order: checkpoint loading first (everything after may load checkpoints), the excepthook last.
 PATCHES = [checkpoint_loading, batch_by_size, encoder_fast_path, atomic_checkpoints, numerical_faults,
            no_repeat_ngram, match_source_len, alignment_attention, hub_score, replace_unk, broadcast_state,
-           cpu_launch, lost_worker, preemption, resume_batches, clean_exit, cpu_fp16,
+           cpu_launch, lost_worker, preemption, resume_batches, finished_run, clean_exit, cpu_fp16,
            max_len_warning, one_line_errors]
 
 
