@@ -10,7 +10,8 @@
 # does. Prints, per test file, passed/failed/skipped without and with the suite, then every test
 # that passes without the suite and fails with it (a regression, with its error) and the reverse.
 # The suite imported is the one Python finds: set PYTHONPATH to a checkout to test that one.
-# Settings: PYTHON (default: python on PATH), KEEP=1 keeps the temporary folders and JUnit reports.
+# Settings: PYTHON (default: python on PATH), KEEP=1 keeps the temporary folders and JUnit reports,
+# PLAIN_REPORT=FILE.xml reuses a kept plain.xml (the side without the suite does not depend on it).
 # Exit status: 1 when there is a regression, else 0.
 set -euo pipefail
 [ $# -ge 1 ] && [ -d "$1/tests" ] || { echo "usage: $0 FAIRSEQ_REPO_DIR [pytest arguments] (a directory holding fairseq's tests/)" >&2; exit 2; }
@@ -31,7 +32,9 @@ WORK=$(mktemp -d -t fairseq-own-tests.XXXXXX)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 unset TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD  # neither side may lean on it
 
+if [ -n "${PLAIN_REPORT:-}" ]; then cp "$PLAIN_REPORT" "$WORK/plain.xml"; fi
 for side in plain suite; do
+    [ "$side" = plain ] && [ -n "${PLAIN_REPORT:-}" ] && continue
     mkdir -p "$WORK/$side"
     cp -r "$REPO_DIR/tests" "$WORK/$side/tests"
     [ -d "$REPO_DIR/scripts" ] && cp -r "$REPO_DIR/scripts" "$WORK/$side/scripts"
