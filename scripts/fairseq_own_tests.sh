@@ -32,7 +32,6 @@ WORK=$(mktemp -d -t fairseq-own-tests.XXXXXX)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 unset TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD  # neither side may lean on it
 
-if [ -n "${PLAIN_REPORT:-}" ]; then cp "$PLAIN_REPORT" "$WORK/plain.xml"; fi
 for side in plain suite; do
     [ "$side" = plain ] && [ -n "${PLAIN_REPORT:-}" ] && continue
     mkdir -p "$WORK/$side"
@@ -47,6 +46,7 @@ for side in plain suite; do
     tail -n 1 "$WORK/$side.log" >&2
 done
 
+if [ -n "${PLAIN_REPORT:-}" ]; then cp "$PLAIN_REPORT" "$WORK/plain.xml"; fi
 "$PYTHON" - "$WORK/plain.xml" "$WORK/suite.xml" "${TESTS[@]}" <<'EOF'
 import sys
 import xml.etree.ElementTree as ET
