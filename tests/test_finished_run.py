@@ -151,7 +151,7 @@ def runs(data_bin, tmp_path_factory):
         return {"--max-epoch": epoch_run, "killed": killed, "after kill": again(save_dir, args)}
 
     *by_arch, rest = in_parallel([lambda arch=arch: twice(arch) for arch in ARCHS] + [by_epoch_then_killed])
-    return {**dict(zip(ARCHS, by_arch)), **rest, "data_bin": data_bin}
+    return {**dict(zip(ARCHS, by_arch)), **rest}
 
 
 @pytest.mark.slow
@@ -203,12 +203,12 @@ def test_two_workers_end_at_once_and_after_a_kill_9_resume_to_the_uninterrupted_
 
 
 @pytest.mark.slow
-def test_with_the_patch_off_fairseq_trains_one_more_update(runs, tmp_path):
+def test_with_the_patch_off_fairseq_trains_one_more_update(runs, data_bin, tmp_path):
     """The control (FAIRSEQ_PLUGINS_DISABLE_PATCHES=finished_run): fairseq's own loop steps before it
     checks --max-update, so the same command again saves update N+1."""
     finished_dir = runs["vaswani_transformer_tiny"][0]
     save_dir = str(tmp_path / "copy")
     shutil.copytree(finished_dir, save_dir)
-    args = train_args(runs["data_bin"], save_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES])
+    args = train_args(data_bin, save_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES])
     assert_trained(fairseq_train(args, {"FAIRSEQ_PLUGINS_DISABLE_PATCHES": "finished_run"}))
     assert num_updates(load_state(os.path.join(save_dir, "checkpoint_last.pt"))) == UPDATES + 1
