@@ -4,6 +4,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 from fairseq import checkpoint_utils
 
@@ -25,6 +26,13 @@ def cli_env(extra=None):
 
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+# --autocast-bf16 refuses a CPU without native bf16 (oneDNN's check, as the criterion's), so the tests
+# that train or run in bf16 skip there; test_bf16 checks that refusal with the check faked.
+needs_native_bf16 = pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    reason="this CPU has no native bf16 (torch.ops.mkldnn._is_mkldnn_bf16_supported() is False): "
+           "--autocast-bf16 refuses it")
 
 
 def in_parallel(calls):
