@@ -1,5 +1,5 @@
-"""fairseq generation options the suite fixes for every model (fairseq_plugins/patches/):
-``--no-repeat-ngram-size`` on CPU and ``--match-source-len``."""
+"""fairseq generation options for every model: those the suite fixes (fairseq_plugins/patches/):
+``--no-repeat-ngram-size`` on CPU and ``--match-source-len``; and the padding side of the sources."""
 import math
 
 import pytest
@@ -85,3 +85,38 @@ def test_match_source_len_with_sampling_from_the_command_line(generation_models,
     assert len(out) == 30
     for i, lines in out.items():
         assert [len(h.split()) for h in lines["nbest"]] == [len(lines["S"].split())] * 2, lines
+
+
+
+def beam_search_by_padding_side(path, data_bin, left_pad_source):
+    """{sentence id: [(tokens, score)] of beam 2} of the test set, in batches of 10 sentences of different
+    lengths, with the sources padded as ``left_pad_source`` says (fairseq's dataset does the padding)."""
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [path], arg_overrides={"data": data_bin, "left_pad_source": left_pad_source})
+    task.load_dataset("test")
+    dataset, pad = task.dataset("test"), task.source_dictionary.pad()
+    generator = SequenceGenerator(models, task.target_dictionary, beam_size=2, max_len_a=1, max_len_b=5)
+    found = {}
+    for start in range(0, len(dataset), 10):
+        sample = dataset.collater([dataset[i] for i in range(start, start + 10)])
+        src = sample["net_input"]["src_tokens"]
+        assert src[:, -1 if left_pad_source else 0].ne(pad).all() and src.eq(pad).any()
+        with torch.no_grad():
+            for sid, hypos in zip(sample["id"].tolist(), generator.generate(models, sample)):
+                found[sid] = [(h["tokens"].tolist(), h["score"].item()) for h in hypos]
+    return found
+
+
+@pytest.mark.parametrize("family", ["vaswani_transformer", "rnnsearch", "rnnencdec", "seq2seq_lstm"])
+def test_right_padded_sources_translate_as_left_padded(generation_models, data_bin, family):
+    """README: any padding side. The same batches padded on the right (fairseq's left_pad_source=False;
+    fairseq-generate has no flag to turn its True default off) give the same hypotheses, scores to
+    float32 rounding."""
+    left, right = (beam_search_by_padding_side(generation_models[family], data_bin, side) for side in (True, False))
+    assert len(left) == len(right) == 30
+    for sid in left:
+        assert [t for t, _ in right[sid]] == [t for t, _ in left[sid]], f"{family} sentence {sid}"
+        assert [s for _, s in right[sid]] == pytest.approx([s for _, s in left[sid]], abs=1e-4)
