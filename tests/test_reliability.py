@@ -440,6 +440,32 @@ def test_generate_average_convert_refuse_bad_checkpoints_without_running_code(ki
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["hostile_zip", "hostile_legacy", "truncated"])
+def test_train_refuses_to_resume_from_a_bad_checkpoint_last_and_changes_nothing(kind, bad_checkpoints, data_bin,
+                                                                                tmp_path):
+    """fairseq-train (its main, in this process) resuming from a checkpoint_last.pt that would run code
+    or is cut short: the suite's one-line error naming the file (a PluginError: the excepthook prints
+    its message alone), no code run, and every file of the save directory as it was."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import train
+
+    save = tmp_path / "save"
+    save.mkdir()
+    last = save / "checkpoint_last.pt"
+    shutil.copy(bad_checkpoints[kind], last)
+    shutil.copy(bad_checkpoints["good"], save / "checkpoint_1_3.pt")
+    before = {p.name: sha256(p) for p in save.iterdir()}
+    args = options.parse_args_and_arch(options.get_training_parser(), train_cmd(data_bin, str(save), 6)[1:])
+    with pytest.raises(CheckpointError) as refused:
+        train.main(convert_namespace_to_omegaconf(args))
+    message = str(refused.value)
+    assert "\n" not in message and re.fullmatch(rf"{re.escape(str(last))}: {REFUSALS[kind]}.*", message), message
+    assert not os.path.exists(bad_checkpoints["marker"])
+    assert {p.name: sha256(p) for p in save.iterdir()} == before
+
+
+@pytest.mark.slow
 def test_average_and_convert_refuse_checkpoints_of_another_architecture(bad_checkpoints, tmp_path):
     output, other = str(tmp_path / "out.pt"), bad_checkpoints["other_arch"]
     out = run_failing(["fairseq-plugins-average", "--inputs", bad_checkpoints["good"], other, "--output", output])
