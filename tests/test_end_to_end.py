@@ -12,6 +12,7 @@ import zipfile
 
 import pytest
 import torch
+from sacrebleu.metrics import BLEU
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.cli import average_checkpoints
@@ -74,7 +75,16 @@ def test_generate_and_score(run_dir, tmp_path):
     gen = tmp_path / "gen.txt"
     gen.write_text(out)
     score = run(["fairseq-plugins-score", "--gen", gen, "--out", tmp_path / "score"])
-    assert "BLEU" in score and "nrefs:1" in score  # sacrebleu's signature
+    # the oracle: sacrebleu itself on the D- hypotheses and T- references, in sentence order
+    fields = {kind: dict(sorted((int(key[2:]), rest.split("\t")[-1]) for key, _, rest in
+                                (line.partition("\t") for line in out.splitlines()) if key[:2] == f"{kind}-"))
+              for kind in "DT"}
+    assert len(fields["D"]) == len(fields["T"]) == 30
+    bleu = BLEU()
+    expected = bleu.corpus_score(list(fields["D"].values()), [list(fields["T"].values())])
+    assert f"{expected.format(signature=str(bleu.get_signature()))}" in score, score  # value and signature
+    assert re.search(rf"^\| gen \| 30 \| {expected.score:.2f} \|", (tmp_path / "score.md").read_text(), re.M), (
+        (tmp_path / "score.md").read_text())
 
 
 @pytest.fixture(scope="module")
