@@ -252,7 +252,9 @@ def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path, data_bin, arch):
     total, every = 12, 3  # 8 updates per epoch: saves mid-epoch and at epoch ends
     # The kills fall in epochs 1 and 2: resumes in epoch 2 need the suite's resume_batches patch (see the next test).
     resumable = ["--save-interval-updates", every]
-    seed = random.randrange(1 << 30)
+    # Seeded: every run draws the same kill moments (update numbers and delays), so a failure
+    # reproduces; what still varies is only how far the trainer gets within a delay of <= 20 ms.
+    seed = 20261201
     rng = random.Random(seed)
     context = f"(kill moments drawn with random.Random({seed}))"
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
@@ -735,22 +737,32 @@ def test_optimizer_step_that_overflows_is_never_saved(tmp_path, data_bin):
     assert num_updates(state) == 1 and all(torch.isfinite(p).all() for p in state["model"].values())
 
 
-# The main thread exits while fairseq's prefetching thread is inside a torch op (GIL released).
+# The main thread exits while fairseq's prefetching thread runs torch calls (GIL released) without end.
+# Deterministic: Python clears __main__'s globals after it has stopped handing the GIL to other threads
+# (CPython 3.10-3.13: a thread asking for it then is ended with pthread_exit, which std::terminate
+# stops in torch's noexcept frames); SlowTeardown's __del__ sleeps there with the GIL released, so the
+# prefetching thread always finishes its current call and asks for the GIL in that window. The queue
+# (100 items) never fills, so the thread is never parked on it instead.
 PREFETCH_AT_EXIT = """
-import sys, torch
+import sys, time, torch
 torch.set_num_threads(1)
 if sys.argv[1] == "suite":
     import fairseq_plugins
 from fairseq.data.iterators import BufferedIterator
 
 def batches():
-    a = torch.randn(300, 300)
+    a = torch.full((400, 400), 1 / 400)  # a @ a == a: no overflow however many products
     while True:
-        for _ in range(20):
-            a = torch.tanh(a @ a)
-        yield a
+        yield torch.linalg.matrix_power(a, 1 << 20)  # one torch call of 20 products
 
-buffered = BufferedIterator(2, list(range(100)))
+class SlowTeardown:
+    def __init__(self):
+        self.sleep = time.sleep
+    def __del__(self):
+        self.sleep(0.5)
+
+teardown = SlowTeardown()
+buffered = BufferedIterator(100, list(range(10 ** 6)))
 buffered._iterable = batches()
 next(buffered)
 print("took one batch")
@@ -762,10 +774,10 @@ def test_exit_while_fairseq_prefetches_a_batch_is_clean(tmp_path):
     script.write_text(PREFETCH_AT_EXIT)
     env = {**os.environ, **ONE_THREAD}
     plain = subprocess.run([sys.executable, str(script), "fairseq"], capture_output=True, text=True, env=env)
-    # The control: fairseq alone aborts (what ended a finished `fairseq-train --max-update 1`).
+    # The control: fairseq alone aborts (what ended a finished `fairseq-train --max-update 1`), every time.
     assert plain.returncode == -signal.SIGABRT, plain.stderr
     assert "terminate called without an active exception" in plain.stderr
-    for _ in range(3):
+    for _ in range(2):
         suite = subprocess.run([sys.executable, str(script), "suite"], capture_output=True, text=True, env=env)
         assert suite.returncode == 0 and suite.stdout == "took one batch\n", suite.stderr
 
