@@ -17,6 +17,8 @@ import torch
 from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, free_port, run
 
 from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.patches.cpu_launch import first_host
 
 TOTAL = 16  # updates: 4 epochs of 4 updates (2 batches of --max-tokens 600 each)
 EXIT_PREEMPTED = 75
@@ -215,6 +217,65 @@ def test_preemption_timeout_bounds_a_stop_that_cannot_happen(data_bin, tmp_path)
         "error: SIGTERM: no update boundary reached within --preemption-timeout 5 s; stopped without a new "
         "checkpoint (a restart resumes from checkpoint_last.pt)")
     load_state(os.path.join(save, "checkpoint_last.pt"))  # still a whole checkpoint
+
+
+# ------------------------------------------------------------------ what only a real cluster sets
+
+@pytest.mark.parametrize("nodelist, host", [
+    ("gpu[03-05,9],cpu1", "gpu03"), ("node-[1-2]", "node-1"), ("cpu1,gpu[03-05]", "cpu1"), ("n[9]", "n9"),
+    ("localhost", "localhost"), ("rack2-node[017-020]-ib", "rack2-node017-ib")])
+def test_first_host_of_slurm_node_lists(nodelist, host):
+    """SLURM's compressed host lists (what ``scontrol show hostnames`` would list first)."""
+    assert first_host(nodelist) == host
+
+
+def launch_in_process(monkeypatch, argv, env):
+    """fairseq-train's launch (fairseq's distributed_utils.call_main, as fairseq_cli.train calls it) on the
+    parsed command line ``argv``, under the launcher's environment ``env``; training must not start."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.distributed import utils as distributed_utils
+
+    for key in [k for k in os.environ if k.startswith("SLURM_") or k in ("WORLD_SIZE", "RANK", "MASTER_ADDR")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr("sys.argv", ["fairseq-train", *argv])  # what the console script sees
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    distributed_utils.call_main(cfg, lambda *args, **kwargs: pytest.fail("training started"))
+
+
+SLURM_TASK = {"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NNODES": "2",
+              "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "job[04-05]"}
+
+
+@pytest.mark.parametrize("extra_env, host", [({}, "job04"), ({"SLURM_STEP_NODELIST": "step[7-8]"}, "step7")])
+def test_slurm_rendezvous_host_is_the_first_of_the_step_node_list(data_bin, tmp_path, monkeypatch, extra_env, host):
+    """The port refusal names the host every task would meet on: the first of SLURM_STEP_NODELIST
+    (the nodes of this srun step) where set, else of SLURM_JOB_NODELIST."""
+    with pytest.raises(ConfigError) as refused:
+        launch_in_process(monkeypatch, flags(data_bin, str(tmp_path)), {**SLURM_TASK, **extra_env})
+    assert str(refused.value) == (f"SLURM job of 2 tasks: pass --distributed-port PORT (a free port on {host}, "
+                                  "the same for every task)")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--distributed-world-size", "2", "--distributed-backend", "nccl"],
+     "--distributed-backend nccl: needs GPUs; use gloo with --cpu"),
+    (["--distributed-world-size", "2", "--ddp-backend", "pytorch_ddp"],
+     "--ddp-backend pytorch_ddp: fairseq gives it a GPU per worker; use --ddp-backend legacy_ddp with --cpu"),
+    (["--distributed-world-size", "2", "--ddp-backend", "c10d"],
+     "--ddp-backend c10d: fairseq gives it a GPU per worker; use --ddp-backend legacy_ddp with --cpu"),
+    (["--distributed-world-size", "2", "--distributed-init-method", "tcp://127.0.0.1:1", "--distributed-rank", "1"],
+     "--distributed-rank 1 without --distributed-no-spawn: on CPU start one process per worker (torchrun, srun) "
+     "or add --distributed-no-spawn"),
+])
+def test_gpu_only_choices_on_cpu_are_refused_in_one_line(data_bin, tmp_path, monkeypatch, extra, message):
+    """Typed on the command line, nccl and pytorch_ddp/c10d (fairseq's GPU defaults, replaced silently
+    when not typed) and a rank for a spawning launch stop before any process starts."""
+    with pytest.raises(ConfigError) as refused:
+        launch_in_process(monkeypatch, flags(data_bin, str(tmp_path), *extra), {})
+    assert str(refused.value) == message
 
 
 # ------------------------------------------------------------------ a dead worker
