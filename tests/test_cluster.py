@@ -22,7 +22,10 @@ from fairseq_plugins.patches.cpu_launch import first_host
 
 TOTAL = 16  # updates: 4 epochs of 4 updates (2 batches of --max-tokens 600 each)
 EXIT_PREEMPTED = 75
-BOUND = 60  # seconds a stop or a lost worker may take (the default --preemption-timeout)
+BOUND = 60  # seconds a stop may take (the default --preemption-timeout)
+# seconds from kill -9 of one worker to the other's exit: measured 5.9-6.5 s (3 runs, AMD EPYC, 2 cores at
+# load average 17, 2026-12-01), mostly the interpreter's teardown; 20 s leaves a 3x margin (the README cites it)
+LOST_WORKER_BOUND = 20
 
 
 def flags(data, save_dir, *extra, updates=TOTAL):
@@ -288,7 +291,7 @@ def test_kill_9_of_one_worker_ends_the_other_with_one_line_and_both_resume(data_
     os.kill(procs[1].pid, signal.SIGKILL)
     killed = time.time()
     code = procs[0].wait(timeout=BOUND + 30)
-    assert time.time() - killed < BOUND
+    assert time.time() - killed < LOST_WORKER_BOUND
     wait_all(procs)
     text = open(tmp_path / "rank0.log").read()
     assert code == 1 and "Traceback" not in text, text[-3000:]
@@ -300,6 +303,37 @@ def test_kill_9_of_one_worker_ends_the_other_with_one_line_and_both_resume(data_
     assert wait_all(start_slurm(data_bin, save, port, tmp_path, "--save-interval-updates", 4)) == [0, 0]
     assert f"@ {resumed_from} updates)" in open(tmp_path / "rank0.log").read()
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+HEARTBEAT = 5  # --heartbeat-timeout of the test below, seconds
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a stopped worker is not detected: fairseq's watchdog logs 'Killing job for not "
+                                       "making progress' after --heartbeat-timeout, and the run waits on (measured: "
+                                       "still waiting 130 s after a 10 s timeout); reported to the lead")
+def test_a_stopped_worker_ends_the_other_after_the_heartbeat_timeout(data_bin, tmp_path):
+    """README/docs: --heartbeat-timeout S bounds the collectives, so a worker that stops answering
+    without dying (SIGSTOP here: its connections stay open) ends the other within S seconds + teardown."""
+    save = str(tmp_path / "save")
+    procs = start_slurm(data_bin, save, free_port(), tmp_path, "--save-interval-updates", 4,
+                        "--heartbeat-timeout", HEARTBEAT)
+    wait_for_update(tmp_path / "rank0.log", 5, procs)
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        code = procs[0].wait(timeout=HEARTBEAT + LOST_WORKER_BOUND)
+        took = time.time() - stopped
+    except subprocess.TimeoutExpired:
+        code, took = None, None
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    text = open(tmp_path / "rank0.log").read()
+    assert code == 1 and HEARTBEAT - 1 <= took, (code, took, text[-2000:])
+    assert re.search(r"error: lost rank 1 of 2 during training \(gloo: [^)]*\); stopped; restart all workers",
+                     last_line(text)), text[-3000:]
 
 
 # ------------------------------------------------------------------ resume across epochs and world sizes
