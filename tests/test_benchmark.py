@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import run
+from helpers import needs_native_bf16, run
 from torch.utils.flop_counter import FlopCounterMode
 
 from fairseq_plugins.cli import benchmark_scale
@@ -75,6 +75,7 @@ def tables(report):
     return found
 
 
+@needs_native_bf16  # its bf16 cells train with --autocast-bf16
 @pytest.mark.slow
 def test_scale_tiny_run_reports_8_cells_and_the_ratios(data_bin, tmp_path):
     """fairseq-train target words/s of {ours, built-in} x {fp32, bf16} x {1 process x 2 threads,

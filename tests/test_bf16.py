@@ -8,10 +8,12 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-from helpers import ONE_THREAD, USER_DIR, in_parallel, run
+from helpers import ONE_THREAD, USER_DIR, in_parallel, needs_native_bf16, run
 
 import fairseq_plugins  # noqa: F401  (registers the models)
+from fairseq_plugins.criterions import label_smoothed_xent
 from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
+from fairseq_plugins.errors import ConfigError
 
 DICT = Dictionary()
 for _w in range(30):
@@ -64,6 +66,7 @@ def linear_output_dtypes(model, criterion, sample):
     return loss, set(dtypes), logits[0]
 
 
+@needs_native_bf16
 @pytest.mark.parametrize("arch", ARCHS)
 def test_forward_runs_in_bf16_and_weights_stay_fp32(arch):
     model, sample = build(arch).train(), batch()
@@ -98,6 +101,7 @@ def train_losses(data, save_dir, arch, extra=()):
     return [float(x) for x in train], float(valid[-1])
 
 
+@needs_native_bf16
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny"])
 def test_bf16_training_matches_fp32(data_bin, tmp_path, arch):
@@ -110,3 +114,36 @@ def test_bf16_training_matches_fp32(data_bin, tmp_path, arch):
     # Same seed and batches: bf16 rounding only perturbs the trajectory. Measured: 8.068 vs
     # 8.059 (transformer) and 8.33 vs 8.325 (rnnsearch), 0.1%; 1% leaves a 10x margin.
     assert bf16_valid == pytest.approx(fp32_valid, rel=0.01)
+
+
+@pytest.fixture
+def cpu_without_bf16(monkeypatch):
+    """oneDNN's capability check answers False, as on most AVX2 laptops (the criterion caches its answer)."""
+    label_smoothed_xent._check_native_bf16.cache_clear()
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    yield
+    monkeypatch.undo()
+    label_smoothed_xent._check_native_bf16.cache_clear()
+
+
+def test_autocast_bf16_is_refused_in_one_line_on_a_cpu_without_bf16(cpu_without_bf16, data_bin, tmp_path):
+    """fairseq-train (its main, in this process) with --autocast-bf16 stops before the first update,
+    with the suite's one-line error (a PluginError: the excepthook prints only its message), and saves nothing."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import train
+
+    save = tmp_path / "save"
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        data_bin, "--user-dir", USER_DIR, "--arch", "vaswani_transformer_tiny", "--criterion", "label_smoothed_xent",
+        "--autocast-bf16", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "500", "--max-update", "2",
+        "--save-dir", str(save), "--cpu", "--no-progress-bar", "--num-workers", "0", "--disable-validation"])
+    with pytest.raises(ConfigError) as refused:
+        train.main(convert_namespace_to_omegaconf(args))
+    assert str(refused.value) == ("--autocast-bf16: this cpu device has no native bfloat16 support; "
+                                  "train in fp32 (or with --fp16 on a GPU)")
+    assert not save.exists() or not list(save.iterdir())  # no checkpoint written
+    # without the flag the same CPU trains: the refusal is that of --autocast-bf16 alone
+    model, sample = build("vaswani_transformer_tiny"), batch()
+    loss, _, _ = LabelSmoothedXentCriterion(Task, label_smoothing=0.1)(model, sample)
+    assert torch.isfinite(loss)

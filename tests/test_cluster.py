@@ -17,10 +17,15 @@ import torch
 from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, free_port, run
 
 from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.patches.cpu_launch import first_host
 
 TOTAL = 16  # updates: 4 epochs of 4 updates (2 batches of --max-tokens 600 each)
 EXIT_PREEMPTED = 75
-BOUND = 60  # seconds a stop or a lost worker may take (the default --preemption-timeout)
+BOUND = 60  # seconds a stop may take (the default --preemption-timeout)
+# seconds from kill -9 of one worker to the other's exit: measured 5.9-6.5 s (3 runs, AMD EPYC, 2 cores at
+# load average 17, 2026-12-01), mostly the interpreter's teardown; 20 s leaves a 3x margin (the README cites it)
+LOST_WORKER_BOUND = 20
 
 
 def flags(data, save_dir, *extra, updates=TOTAL):
@@ -217,6 +222,65 @@ def test_preemption_timeout_bounds_a_stop_that_cannot_happen(data_bin, tmp_path)
     load_state(os.path.join(save, "checkpoint_last.pt"))  # still a whole checkpoint
 
 
+# ------------------------------------------------------------------ what only a real cluster sets
+
+@pytest.mark.parametrize("nodelist, host", [
+    ("gpu[03-05,9],cpu1", "gpu03"), ("node-[1-2]", "node-1"), ("cpu1,gpu[03-05]", "cpu1"), ("n[9]", "n9"),
+    ("localhost", "localhost"), ("rack2-node[017-020]-ib", "rack2-node017-ib")])
+def test_first_host_of_slurm_node_lists(nodelist, host):
+    """SLURM's compressed host lists (what ``scontrol show hostnames`` would list first)."""
+    assert first_host(nodelist) == host
+
+
+def launch_in_process(monkeypatch, argv, env):
+    """fairseq-train's launch (fairseq's distributed_utils.call_main, as fairseq_cli.train calls it) on the
+    parsed command line ``argv``, under the launcher's environment ``env``; training must not start."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.distributed import utils as distributed_utils
+
+    for key in [k for k in os.environ if k.startswith("SLURM_") or k in ("WORLD_SIZE", "RANK", "MASTER_ADDR")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr("sys.argv", ["fairseq-train", *argv])  # what the console script sees
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    distributed_utils.call_main(cfg, lambda *args, **kwargs: pytest.fail("training started"))
+
+
+SLURM_TASK = {"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NNODES": "2",
+              "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "job[04-05]"}
+
+
+@pytest.mark.parametrize("extra_env, host", [({}, "job04"), ({"SLURM_STEP_NODELIST": "step[7-8]"}, "step7")])
+def test_slurm_rendezvous_host_is_the_first_of_the_step_node_list(data_bin, tmp_path, monkeypatch, extra_env, host):
+    """The port refusal names the host every task would meet on: the first of SLURM_STEP_NODELIST
+    (the nodes of this srun step) where set, else of SLURM_JOB_NODELIST."""
+    with pytest.raises(ConfigError) as refused:
+        launch_in_process(monkeypatch, flags(data_bin, str(tmp_path)), {**SLURM_TASK, **extra_env})
+    assert str(refused.value) == (f"SLURM job of 2 tasks: pass --distributed-port PORT (a free port on {host}, "
+                                  "the same for every task)")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--distributed-world-size", "2", "--distributed-backend", "nccl"],
+     "--distributed-backend nccl: needs GPUs; use gloo with --cpu"),
+    (["--distributed-world-size", "2", "--ddp-backend", "pytorch_ddp"],
+     "--ddp-backend pytorch_ddp: fairseq gives it a GPU per worker; use --ddp-backend legacy_ddp with --cpu"),
+    (["--distributed-world-size", "2", "--ddp-backend", "c10d"],
+     "--ddp-backend c10d: fairseq gives it a GPU per worker; use --ddp-backend legacy_ddp with --cpu"),
+    (["--distributed-world-size", "2", "--distributed-init-method", "tcp://127.0.0.1:1", "--distributed-rank", "1"],
+     "--distributed-rank 1 without --distributed-no-spawn: on CPU start one process per worker (torchrun, srun) "
+     "or add --distributed-no-spawn"),
+])
+def test_gpu_only_choices_on_cpu_are_refused_in_one_line(data_bin, tmp_path, monkeypatch, extra, message):
+    """Typed on the command line, nccl and pytorch_ddp/c10d (fairseq's GPU defaults, replaced silently
+    when not typed) and a rank for a spawning launch stop before any process starts."""
+    with pytest.raises(ConfigError) as refused:
+        launch_in_process(monkeypatch, flags(data_bin, str(tmp_path), *extra), {})
+    assert str(refused.value) == message
+
+
 # ------------------------------------------------------------------ a dead worker
 
 @pytest.mark.slow
@@ -227,7 +291,7 @@ def test_kill_9_of_one_worker_ends_the_other_with_one_line_and_both_resume(data_
     os.kill(procs[1].pid, signal.SIGKILL)
     killed = time.time()
     code = procs[0].wait(timeout=BOUND + 30)
-    assert time.time() - killed < BOUND
+    assert time.time() - killed < LOST_WORKER_BOUND
     wait_all(procs)
     text = open(tmp_path / "rank0.log").read()
     assert code == 1 and "Traceback" not in text, text[-3000:]
@@ -239,6 +303,37 @@ def test_kill_9_of_one_worker_ends_the_other_with_one_line_and_both_resume(data_
     assert wait_all(start_slurm(data_bin, save, port, tmp_path, "--save-interval-updates", 4)) == [0, 0]
     assert f"@ {resumed_from} updates)" in open(tmp_path / "rank0.log").read()
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
+
+
+HEARTBEAT = 5  # --heartbeat-timeout of the test below, seconds
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="a stopped worker is not detected: fairseq's watchdog logs 'Killing job for not "
+                                       "making progress' after --heartbeat-timeout, and the run waits on (measured: "
+                                       "still waiting 130 s after a 10 s timeout); reported to the lead")
+def test_a_stopped_worker_ends_the_other_after_the_heartbeat_timeout(data_bin, tmp_path):
+    """README/docs: --heartbeat-timeout S bounds the collectives, so a worker that stops answering
+    without dying (SIGSTOP here: its connections stay open) ends the other within S seconds + teardown."""
+    save = str(tmp_path / "save")
+    procs = start_slurm(data_bin, save, free_port(), tmp_path, "--save-interval-updates", 4,
+                        "--heartbeat-timeout", HEARTBEAT)
+    wait_for_update(tmp_path / "rank0.log", 5, procs)
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        code = procs[0].wait(timeout=HEARTBEAT + LOST_WORKER_BOUND)
+        took = time.time() - stopped
+    except subprocess.TimeoutExpired:
+        code, took = None, None
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    text = open(tmp_path / "rank0.log").read()
+    assert code == 1 and HEARTBEAT - 1 <= took, (code, took, text[-2000:])
+    assert re.search(r"error: lost rank 1 of 2 during training \(gloo: [^)]*\); stopped; restart all workers",
+                     last_line(text)), text[-3000:]
 
 
 # ------------------------------------------------------------------ resume across epochs and world sizes

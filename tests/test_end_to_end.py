@@ -12,8 +12,10 @@ import zipfile
 
 import pytest
 import torch
+from sacrebleu.metrics import BLEU
 
 from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.cli import average_checkpoints
 from helpers import TINY_BUILTIN_TRANSFORMER, USER_DIR, run, train
 
 pytestmark = pytest.mark.slow
@@ -73,7 +75,16 @@ def test_generate_and_score(run_dir, tmp_path):
     gen = tmp_path / "gen.txt"
     gen.write_text(out)
     score = run(["fairseq-plugins-score", "--gen", gen, "--out", tmp_path / "score"])
-    assert "BLEU" in score and "nrefs:1" in score  # sacrebleu's signature
+    # the oracle: sacrebleu itself on the D- hypotheses and T- references, in sentence order
+    fields = {kind: dict(sorted((int(key[2:]), rest.split("\t")[-1]) for key, _, rest in
+                                (line.partition("\t") for line in out.splitlines()) if key[:2] == f"{kind}-"))
+              for kind in "DT"}
+    assert len(fields["D"]) == len(fields["T"]) == 30
+    bleu = BLEU()
+    expected = bleu.corpus_score(list(fields["D"].values()), [list(fields["T"].values())])
+    assert f"{expected.format(signature=str(bleu.get_signature()))}" in score, score  # value and signature
+    assert re.search(rf"^\| gen \| 30 \| {expected.score:.2f} \|", (tmp_path / "score.md").read_text(), re.M), (
+        (tmp_path / "score.md").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +165,59 @@ def test_average_refuses_bad_inputs_and_keeps_output(run_dir, tmp_path):
     assert str(other) in message and "encoder.layers.0.fc1.weight" in message
     assert output.read_bytes() == b"previous average"
 
+
+
+def numbered_checkpoint(path, value):
+    """A minimal fairseq checkpoint whose one parameter is ``value``: an average tells which files it took."""
+    torch.save({"model": {"w": torch.full((3,), float(value))}, "args": None, "cfg": None,
+                "optimizer_history": [{"criterion_name": "x", "optimizer_name": "y", "lr_scheduler_state": {},
+                                       "num_updates": int(value)}], "extra_state": {"train_iterator": None}}, path)
+
+
+@pytest.mark.parametrize("flags, taken", [
+    (["--num-epoch-checkpoints", "2"], [8, 10]),  # by number: 10 after 8 after 2 (not by name: "10" < "2")
+    (["--num-epoch-checkpoints", "3"], [2, 8, 10]),
+    (["--num-epoch-checkpoints", "2", "--checkpoint-upper-bound", "8"], [2, 8]),
+    (["--num-update-checkpoints", "2"], [80, 100]),
+    (["--num-update-checkpoints", "2", "--checkpoint-upper-bound", "80"], [20, 80]),
+    (["--num-update-checkpoints", "1", "--checkpoint-upper-bound", "99"], [80]),
+], ids=["epochs-last-2", "epochs-all-3", "epochs-upper-bound", "updates-last-2", "updates-upper-bound",
+        "updates-bound-between"])
+def test_average_takes_the_last_n_by_number_up_to_the_bound(tmp_path, capsys, flags, taken):
+    """fairseq-plugins-average --inputs DIR picks the newest N of one kind by their number, never
+    checkpoint_last/best or the other kind, and averages exactly those (each file's parameter is its number)."""
+    for n in (2, 8, 10):
+        numbered_checkpoint(tmp_path / f"checkpoint{n}.pt", n)
+    for epoch, n in ((1, 20), (2, 80), (3, 100)):
+        numbered_checkpoint(tmp_path / f"checkpoint_{epoch}_{n}.pt", n)
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt"):
+        numbered_checkpoint(tmp_path / name, 1000)
+    output = tmp_path / "out" / "avg.pt"
+    output.parent.mkdir()
+    average_checkpoints.main(["--inputs", str(tmp_path), *flags, "--output", str(output)])  # the command's main
+    listed = re.search(r"averaging (\d+) checkpoints: (.*)", capsys.readouterr().out)
+    names = [os.path.basename(p) for p in listed.group(2).split(", ")]
+    assert int(listed.group(1)) == len(names) == len(taken)
+    assert [int(re.findall(r"\d+", name)[-1]) for name in names] == taken
+    assert load_state(str(output))["model"]["w"].tolist() == pytest.approx([sum(taken) / len(taken)] * 3, rel=1e-7)
+
+
+@pytest.mark.parametrize("flags, found", [(["--num-epoch-checkpoints", "4"], "found 3"),
+                                          (["--num-update-checkpoints", "3", "--checkpoint-upper-bound", "80"],
+                                           "found 2")])
+def test_average_refuses_a_folder_with_fewer_than_n(tmp_path, capsys, flags, found):
+    for n in (2, 8, 10):
+        numbered_checkpoint(tmp_path / f"checkpoint{n}.pt", n)
+    for epoch, n in ((1, 20), (2, 80), (3, 100)):
+        numbered_checkpoint(tmp_path / f"checkpoint_{epoch}_{n}.pt", n)
+    output = tmp_path / "avg.pt"
+    output.write_bytes(b"previous average")
+    with pytest.raises(SystemExit) as exit_:
+        average_checkpoints.main(["--inputs", str(tmp_path), *flags, "--output", str(output)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"fairseq-plugins-average: error: {tmp_path}: asked for the last ") and found in err, err
+    assert output.read_bytes() == b"previous average"
 
 class RunsCode:
     def __init__(self, marker):

@@ -1,8 +1,11 @@
-"""fairseq generation options the suite fixes for every model (fairseq_plugins/patches/):
-``--no-repeat-ngram-size`` on CPU and ``--match-source-len``."""
+"""fairseq generation options for every model: those the suite fixes (fairseq_plugins/patches/):
+``--no-repeat-ngram-size`` on CPU and ``--match-source-len``; and the padding side of the sources."""
+import math
+
 import pytest
+import torch
 from conftest import GENERATION_FAMILIES
-from helpers import generate, teacher_forced_log2probs
+from helpers import generate, generate_in_process, parse_generation, teacher_forced_log2probs
 
 pytestmark = pytest.mark.slow
 
@@ -37,3 +40,83 @@ def test_match_source_len(generation_models, data_bin, family):
         scores = [float(s) for s in out[i]["P"].split()]
         reference = teacher_forced_log2probs(path, out[i]["S"], out[i]["H"][1])
         assert scores == pytest.approx(reference, abs=2e-4), f"{family} sentence {i}"
+
+
+
+@pytest.mark.parametrize("family", ["vaswani_transformer", "rnnsearch"])
+def test_match_source_len_constrains_sampling(generation_models, data_bin, family):
+    """fairseq's SequenceGenerator with its Sampling search and match_source_len: every sample has |S|
+    words, its positional scores are the model's log-probabilities of them and the EOS, and the samples
+    differ from one another (it did sample). Seeded, so the draws are the same on every run."""
+    from fairseq import checkpoint_utils, search
+    from fairseq.sequence_generator import SequenceGenerator
+
+    path = generation_models[family]
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data_bin})
+    task.load_dataset("test")
+    dataset, d = task.dataset("test"), task.target_dictionary
+    sample = dataset.collater([dataset[i] for i in range(12)])
+    generator = SequenceGenerator(models, d, beam_size=3, match_source_len=True, max_len_a=1, max_len_b=5,
+                                  search_strategy=search.Sampling(d))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        hypos = generator.generate(models, sample)
+    distinct = 0
+    for row, sentence in enumerate(hypos):
+        src = sample["net_input"]["src_tokens"][row]
+        words = src[src.ne(d.pad()) & src.ne(d.eos())]
+        assert [len(h["tokens"]) for h in sentence] == [len(words) + 1] * 3  # |S| words and the EOS
+        distinct += len({tuple(h["tokens"].tolist()) for h in sentence}) > 1
+        if row < 3:
+            hyp = sentence[0]
+            reference = teacher_forced_log2probs(path, d.string(words), d.string(hyp["tokens"][:-1]))
+            assert (hyp["positional_scores"] / math.log(2)).tolist() == pytest.approx(reference, abs=2e-4)
+    assert distinct >= 3
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="fairseq's FairseqTask.build_generator refuses --match-source-len with --sampling "
+                          "('Provided Search parameters are mutually exclusive', a traceback) before the suite's "
+                          "patch is reached; reported to the lead")
+def test_match_source_len_with_sampling_from_the_command_line(generation_models, data_bin, tmp_path):
+    """fairseq-generate --match-source-len --sampling: the samples have |S| words. Seeded (--seed 3)."""
+    out = parse_generation(generate_in_process(tmp_path, data_bin, generation_models["rnnsearch"],
+                                               "--match-source-len", "--sampling", "--seed", "3", "--nbest", "2"))
+    assert len(out) == 30
+    for i, lines in out.items():
+        assert [len(h.split()) for h in lines["nbest"]] == [len(lines["S"].split())] * 2, lines
+
+
+
+def beam_search_by_padding_side(path, data_bin, left_pad_source):
+    """{sentence id: [(tokens, score)] of beam 2} of the test set, in batches of 10 sentences of different
+    lengths, with the sources padded as ``left_pad_source`` says (fairseq's dataset does the padding)."""
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [path], arg_overrides={"data": data_bin, "left_pad_source": left_pad_source})
+    task.load_dataset("test")
+    dataset, pad = task.dataset("test"), task.source_dictionary.pad()
+    generator = SequenceGenerator(models, task.target_dictionary, beam_size=2, max_len_a=1, max_len_b=5)
+    found = {}
+    for start in range(0, len(dataset), 10):
+        sample = dataset.collater([dataset[i] for i in range(start, start + 10)])
+        src = sample["net_input"]["src_tokens"]
+        assert src[:, -1 if left_pad_source else 0].ne(pad).all() and src.eq(pad).any()
+        with torch.no_grad():
+            for sid, hypos in zip(sample["id"].tolist(), generator.generate(models, sample)):
+                found[sid] = [(h["tokens"].tolist(), h["score"].item()) for h in hypos]
+    return found
+
+
+@pytest.mark.parametrize("family", ["vaswani_transformer", "rnnsearch", "rnnencdec", "seq2seq_lstm"])
+def test_right_padded_sources_translate_as_left_padded(generation_models, data_bin, family):
+    """README: any padding side. The same batches padded on the right (fairseq's left_pad_source=False;
+    fairseq-generate has no flag to turn its True default off) give the same hypotheses, scores to
+    float32 rounding."""
+    left, right = (beam_search_by_padding_side(generation_models[family], data_bin, side) for side in (True, False))
+    assert len(left) == len(right) == 30
+    for sid in left:
+        assert [t for t, _ in right[sid]] == [t for t, _ in left[sid]], f"{family} sentence {sid}"
+        assert [s for _, s in right[sid]] == pytest.approx([s for _, s in left[sid]], abs=1e-4)

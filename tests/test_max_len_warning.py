@@ -4,7 +4,7 @@ import os
 
 import pytest
 import torch
-from helpers import USER_DIR, run, train
+from helpers import USER_DIR, generate_in_process, parse_generation, run, train
 
 from fairseq_plugins.checkpoints import load_state, save_state
 
@@ -61,10 +61,34 @@ def test_a_model_that_ends_its_sentences_gets_no_warning(checkpoints, data_bin):
     assert "maximum length" not in out
 
 
-def test_the_warning_counts_only_sentences_cut_at_the_limit(checkpoints, data_bin):
+def test_the_limit_of_the_warning_grows_with_max_len_a(checkpoints, data_bin):
     """With --max-len-a 1 the limit grows with each batch's padded source length (fairseq's
     formula); the never-stopping model still reaches it every time, and the count follows."""
     out = generate(data_bin, checkpoints["never_stops"], "--max-len-a", "1", "--beam", "1")
     lengths = {len(h) for h in hypotheses(out)}
     assert min(lengths) > LIMIT  # the limit grew with the source length
     assert sum("stopped at the maximum length (--max-len-a 1 x source length" in line for line in out.splitlines()) == 1
+
+
+def test_the_warning_counts_only_sentences_cut_at_the_limit(generation_models, data_bin, tmp_path, caplog):
+    """The briefly trained RNNsearch (tests/conftest.py) ends some sentences and runs others to the
+    limit: the warning's "N of M" is the number of best hypotheses with exactly --max-len-b words
+    (EOS forced there), counted here from the printed H- lines; below half there is no warning."""
+    seen = {}
+    for limit in (6, 8):
+        caplog.clear()
+        out = generate_in_process(tmp_path / str(limit), data_bin, generation_models["rnnsearch"],
+                                  "--max-len-a", "0", "--max-len-b", limit, beam=4)
+        best = [lines["H"][1].split() for lines in parse_generation(out).values()]
+        assert len(best) == 30 and max(map(len, best)) <= limit
+        cut = sum(len(words) == limit for words in best)
+        seen[limit] = cut
+        warnings = [r.getMessage() for r in caplog.records if "stopped at the maximum length" in r.getMessage()]
+        if cut * 2 > len(best):
+            assert warnings == [f"{cut} of 30 hypotheses ({100 * cut / 30:.0f}%) stopped at the maximum length "
+                                f"(--max-len-a 0 x source length + --max-len-b {limit}), not at end of sentence: "
+                                "the model has not learned to stop (train longer) or the limit is too small"]
+        else:
+            assert warnings == []
+    # the oracle needs both cases (measured: 23 and 8 of 30), each a mixed batch
+    assert 15 < seen[6] < 30 and 0 < seen[8] <= 15, seen

@@ -196,6 +196,61 @@ def test_rnnencdec_follows_cho_et_al():
         torch.testing.assert_close(logits[b], ref_logits, atol=1e-5, rtol=1e-5)
 
 
+def ref_lstm_stack(rnn, x, initial):
+    """``rnn``'s layers as one single-layer ``torch.nn.LSTM`` each, with its weights, over one sentence
+    x (T, C); layer k starts from ``initial[k]`` ((h, c), each (H,)) or zeros. Returns the top
+    layer's outputs (T, H) and the final (h, c) of every layer."""
+    finals = []
+    for k in range(rnn.num_layers):
+        layer = torch.nn.LSTM(x.size(-1), rnn.hidden_size)
+        with torch.no_grad():
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                getattr(layer, f"{name}_l0").copy_(getattr(rnn, f"{name}_l{k}"))
+        state = None if initial[k] is None else (initial[k][0][None], initial[k][1][None])  # (1, H) each
+        x, (h, c) = layer(x, state)  # unbatched: x (T, H)
+        finals.append((h[0], c[0]))
+    return x, finals
+
+
+def right_padded(src):
+    out = torch.full_like(src, PAD)
+    for b, row in enumerate(src):
+        real = row[row.ne(PAD)]
+        out[b, :len(real)] = real
+    return out
+
+
+def test_seq2seq_lstm_follows_sutskever_et_al():
+    """Sutskever et al. §3.1-3.3 with every state passed by hand: the encoder reads each sentence's
+    words reversed, then its EOS (padding dropped, either side); the decoder's layer k starts from
+    the encoder's final (h, c) of layer k; a plain softmax layer on the top decoder layer."""
+    model = build("seq2seq_lstm_tiny", std=0.3, encoder_layers=3, encoder_embed_dim=5, decoder_embed_dim=4)
+    enc, dec = model.encoder, model.decoder
+    layers = enc.rnn.num_layers
+    assert layers == dec.rnn.num_layers == 3
+    left, prev = sentences([6, 2, 4]), targets(3, 5)
+
+    def reference(src_words, reverse=True, from_encoder=True):
+        words = src_words[:-1].flip(0) if reverse else src_words[:-1]
+        _, finals = ref_lstm_stack(enc.rnn, enc.embed_tokens.weight[torch.cat([words, src_words[-1:]])],
+                                   [None] * layers)
+        top, _ = ref_lstm_stack(dec.rnn, dec.embed_tokens.weight[prev[b]], finals if from_encoder else [None] * layers)
+        return top @ dec.fc_out.weight.t() + dec.fc_out.bias  # (tgt_len, V)
+
+    for src in (left, right_padded(left)):
+        with torch.no_grad():
+            logits, _ = model(src, None, prev)
+            for b in range(3):
+                real = src[b][src[b].ne(PAD)]
+                assert real[-1] == EOS
+                torch.testing.assert_close(logits[b], reference(real), atol=1e-5, rtol=1e-5)
+                # the reference tells the alternatives apart: a decoder that ignored the encoder, and
+                # (for more than one word) an encoder that read the natural order
+                assert (logits[b] - reference(real, from_encoder=False)).abs().max() > 1e-2
+                if len(real) > 2:
+                    assert (logits[b] - reference(real, reverse=False)).abs().max() > 1e-2
+
+
 def test_rnnencdec_shares_the_rnnsearch_decoder_code():
     search, encdec = build("rnnsearch_tiny"), build("rnnencdec_tiny")
     assert type(search.decoder) is type(encdec.decoder)

@@ -4,13 +4,14 @@ length penalty, and the errors users see."""
 import json
 import os
 import re
+from argparse import Namespace
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
 
 from fairseq_plugins.cli import convert_transformer
-from helpers import ONE_THREAD, USER_DIR, in_parallel, run, train
+from helpers import ONE_THREAD, USER_DIR, generate_in_process, in_parallel, run, train
 
 pytestmark = pytest.mark.slow
 
@@ -159,3 +160,123 @@ def test_checkpoint_activations_train_the_same_and_generate(data_bin, tmp_path):
     for key, value in weights["plain"].items():
         assert torch.equal(weights["checkpointed"][key], value), key
     assert len(hypotheses["plain"]) == 30 and hypotheses["checkpointed"] == hypotheses["plain"]
+
+
+# ---------------------------------------------------------------- Wu et al.'s length penalty, from the command line
+
+def hypotheses(out):
+    """{sentence id: [(printed score, words, positional log2-probabilities)]} in fairseq-generate's n-best order."""
+    found, last = {}, None
+    for line in out.splitlines():
+        key, _, rest = line.partition("\t")
+        if key.startswith("H-"):
+            score, words = rest.split("\t")
+            last = [float(score), words]
+            found.setdefault(int(key[2:]), []).append(last)
+        elif key.startswith("P-"):
+            last.append([float(x) for x in rest.split()])
+    return found
+
+
+def test_wu_lenpen_from_the_command_line_ranks_by_log_p_over_lp(generation_models, data_bin, tmp_path):
+    """fairseq-generate --task translation_wu --wu-lenpen α: every printed score is log2 P(Y) / lp(|Y|)
+    with that α (|Y| with the EOS), and a larger α ranks the same n-best lists differently, as the
+    formula predicts. The search itself uses raw log-probabilities, so the n-best sets do not depend on α."""
+    ranked = {}
+    for alpha in (0.0, 2.0):
+        out = generate_in_process(tmp_path / str(alpha), data_bin, generation_models["vaswani_transformer"],
+                                  "--task", "translation_wu", "--wu-lenpen", alpha, "--nbest", "4", beam=4)
+        ranked[alpha] = hypotheses(out)
+        for sid, nbest in ranked[alpha].items():
+            assert len(nbest) == 4
+            for score, words, positional in nbest:
+                assert len(positional) == len(words.split()) + 1  # the words and the EOS
+                lp = ((5 + len(positional)) / 6) ** alpha  # lp(Y) = ((5 + |Y|) / 6)^α
+                assert score == pytest.approx(sum(positional) / lp, abs=2e-3), (alpha, sid, words)
+            assert [h[0] for h in nbest] == sorted((h[0] for h in nbest), reverse=True)
+    assert ranked[0.0].keys() == ranked[2.0].keys() and len(ranked[0.0]) == 30
+    changed = 0
+    for sid in ranked[0.0]:
+        by_alpha = {alpha: [h[1] for h in ranked[alpha][sid]] for alpha in ranked}
+        assert sorted(by_alpha[0.0]) == sorted(by_alpha[2.0]), sid  # the same hypotheses, re-ranked
+        changed += by_alpha[0.0] != by_alpha[2.0]
+    assert changed >= 3, "α 0 and 2 rank every n-best list alike: the flag did not reach the generator"
+
+
+# ---------------------------------------------------------------- the published checkpoints' layout
+
+def published_layout(state):
+    """fairseq's checkpoints of 2018 (the published WMT models): fused in_proj_weight/bias, the
+    encoder's layer norms numbered, an ``encoder.version`` entry."""
+    old = {}
+    for key, value in state.items():
+        if ".q_proj." in key:
+            part = key.rsplit(".", 1)[1]
+            old[key.replace(f"q_proj.{part}", f"in_proj_{part}")] = torch.cat(
+                [value, state[key.replace("q_proj", "k_proj")], state[key.replace("q_proj", "v_proj")]])
+        elif ".k_proj." in key or ".v_proj." in key:
+            continue
+        elif key.startswith("encoder.layers.") and "_layer_norm." in key:
+            name = key.split(".")[3]
+            old[key.replace(name, "layer_norms." + ("0" if name == "self_attn_layer_norm" else "1"))] = value
+        else:
+            old[key] = value
+    return dict(old, **{"encoder.version": torch.tensor([2.0])})
+
+
+def test_published_args_only_checkpoint_converts_and_translates_as_fairseq_does(data_bin, tmp_path):
+    """A checkpoint as the published transformer_vaswani_wmt_en_de_big files are: ``args`` (a Namespace
+    of the training flags of the time: relu_dropout, lr a float, data a list), no ``cfg``, fused
+    attention weights. fairseq-plugins-convert-transformer converts it; the result gives fairseq's
+    own log-probabilities of the file and fairseq-generate's translations of it."""
+    from fairseq.data import Dictionary
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    joined = Dictionary.load(os.path.join(data_bin, "dict.src.txt"))
+    args = Namespace(
+        arch="transformer_vaswani_wmt_en_de_big", task="translation", data=[data_bin], source_lang="src",
+        target_lang="tgt", encoder_embed_dim=32, encoder_ffn_embed_dim=64, decoder_embed_dim=32,
+        decoder_ffn_embed_dim=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, share_all_embeddings=True, dropout=0.3,
+        attention_dropout=0.1, relu_dropout=0.0, max_source_positions=256, max_target_positions=256,
+        criterion="label_smoothed_cross_entropy", label_smoothing=0.1, optimizer="adam", lr=0.0005,
+        min_lr=1e-09, lr_scheduler="inverse_sqrt", warmup_updates=4000, max_tokens=3584, seed=1)
+    model_args = Namespace(**vars(args))
+    ARCH_CONFIG_REGISTRY[args.arch](model_args)
+    torch.manual_seed(0)
+    model = ARCH_MODEL_REGISTRY["transformer"].build_model(
+        model_args, Namespace(source_dictionary=joined, target_dictionary=joined))
+    published = str(tmp_path / "model.pt")
+    torch.save({"args": args, "model": published_layout(model.state_dict()),
+                "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                                       "optimizer_name": "FairseqAdam", "lr_scheduler_state": {"best": 3.9},
+                                       "num_updates": 1000}],
+                "extra_state": {"epoch": 3, "batch_offset": 0, "val_loss": 3.9}, "last_optimizer_state": {}},
+               published)
+    assert any(k.endswith("self_attn.in_proj_weight") for k in torch.load(published, weights_only=False)["model"])
+
+    converted = str(tmp_path / "converted.pt")
+    convert_transformer.main([published, converted])  # the console script's main, in this process
+    models = {}
+    for name, path in (("fairseq", published), ("ours", converted)):
+        ensemble, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data_bin})
+        task.load_dataset("valid")
+        models[name] = (ensemble[0].eval(), task)
+    assert type(models["ours"][0]).__name__ == "VaswaniTransformerModel"
+    assert type(models["fairseq"][0]).__name__ == "TransformerModel"
+    sample = valid_batch(models["fairseq"][1])
+    with torch.no_grad():
+        lp = {name: model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
+              for name, (model, _) in models.items()}
+    real = sample["target"].ne(joined.pad())
+    assert lp["ours"].abs()[real].max() > 1 and (lp["ours"] - lp["fairseq"])[real].abs().max() < 1e-5
+    # the scores agree to float32 rounding (as the log-probabilities above), the words and alignments exactly
+    out = {name: generate_in_process(tmp_path / name, data_bin, path, "--print-alignment")
+           for name, path in (("theirs", published), ("ours", converted))}
+    ours, theirs = hypotheses(out["ours"]), hypotheses(out["theirs"])
+    assert len(ours) == 30 and ours.keys() == theirs.keys()
+    for sid in ours:
+        assert [h[1] for h in ours[sid]] == [h[1] for h in theirs[sid]]
+        assert [h[0] for h in ours[sid]] == pytest.approx([h[0] for h in theirs[sid]], abs=1e-4)
+    alignments = {name: [line for line in text.splitlines() if line.startswith("A-")] for name, text in out.items()}
+    assert len(alignments["ours"]) == 30 and alignments["ours"] == alignments["theirs"]

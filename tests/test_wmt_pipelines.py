@@ -19,7 +19,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
+from sacrebleu.metrics import BLEU
 
+from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.cli import tokenize as tok
 
 REPO = Path(__file__).resolve().parent.parent
@@ -485,6 +488,21 @@ def lines(path):
     return path.read_text(encoding="utf-8").splitlines()
 
 
+def d_lines(generate_test):
+    """The D- hypotheses of fairseq-generate's output file, in sentence order."""
+    found = [(int(key[2:]), rest.split("\t")[-1]) for key, _, rest in
+             (line.partition("\t") for line in lines(generate_test)) if key.startswith("D-")]
+    return [text for _, text in sorted(found)]
+
+
+def table_row(markdown, first_cell):
+    """The cells of the row of a markdown table whose first cell is ``first_cell``."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in markdown.splitlines()
+            if line.startswith("|")]
+    (row,) = [r for r in rows if r[0] == first_cell]
+    return row
+
+
 @pytest.mark.slow
 def test_en_de_transformer_trains_averages_generates_and_scores(raw, en_de, tmp_path):
     out, _ = en_de
@@ -498,11 +516,22 @@ def test_en_de_transformer_trains_averages_generates_and_scores(raw, en_de, tmp_
         f"checkpoint_1_{u}.pt" for u in (10, 2, 4, 6, 8)]
     run_script("wmt14_en_de/evaluate.sh", "transformer_base", cwd=tmp_path, **env)
     results = tmp_path / "ckpt" / "newstest2014"
-    assert (tmp_path / "ckpt" / "average_last_5.pt").is_file()
+    # the average is the mean of the last 5 interval checkpoints
+    inputs = [load_state(str(tmp_path / "ckpt" / f"checkpoint_1_{u}.pt"))["model"] for u in (2, 4, 6, 8, 10)]
+    averaged = load_state(str(tmp_path / "ckpt" / "average_last_5.pt"))["model"]
+    assert averaged.keys() == inputs[0].keys()
+    for name, value in averaged.items():
+        torch.testing.assert_close(value, (sum(m[name].double() for m in inputs) / 5).to(value.dtype))
+    # hyp.tok: fairseq-generate's D- lines in sentence order, BPE removed
+    assert lines(results / "hyp.tok") == d_lines(results / "generate-test.txt")
     assert len(lines(results / "hyp.detok")) == len(raw[2]["2014de"])
     assert not any("@@" in line for line in lines(results / "hyp.tok"))
+    # score.md: sacrebleu's BLEU of hyp.detok against the raw references
     score = (results / "score.md").read_text()
     assert "SacreBLEU" in score and "nrefs:1|case:mixed|eff:no|tok:13a" in score and "compound split" in score
+    references = lines(env["DATA"] / "newstest2014.raw.de")
+    expected = BLEU().corpus_score(lines(results / "hyp.detok"), [references]).score
+    assert table_row(score, "wmt14_en_de_transformer_base")[1:3] == [str(len(references)), f"{expected:.2f}"], score
 
 
 @pytest.mark.slow
@@ -513,9 +542,29 @@ def test_en_fr_rnnsearch_trains_generates_and_scores_by_length_and_unk(raw, en_f
     run_script("wmt14_en_fr/train_rnnsearch.sh", "--arch", "rnnsearch_tiny", "--max-update", 4, cwd=tmp_path, **env)
     run_script("wmt14_en_fr/evaluate.sh", "rnnsearch", cwd=tmp_path, **env_eval)
     results = tmp_path / "ckpt" / "newstest2014"
-    assert len(lines(results / "hyp.tok")) == len(raw[2]["2014fr"])
+    hyps = lines(results / "hyp.tok")
+    assert len(hyps) == len(raw[2]["2014fr"]) and hyps == d_lines(results / "generate-test.txt")
     for name in ("score", "nounk", "bleu_by_length"):
-        assert (results / f"{name}.md").is_file() and (results / f"{name}.png").is_file()
+        assert (results / f"{name}.png").is_file()
+    data, n = env["DATA"], len(hyps)
+    # each table recomputed from the files it was made of, with sacrebleu
+    expected = BLEU().corpus_score(lines(results / "hyp.detok"), [lines(data / "newstest2014.raw.fr")]).score
+    assert table_row((results / "score.md").read_text(), "wmt14_en_fr_rnnsearch30")[1:3] == [str(n), f"{expected:.2f}"]
+    src, ref = lines(data / "newstest2014.tok.en"), lines(data / "newstest2014.tok.fr")
+    vocab = {lang: {line.split()[0] for line in lines(data / f"dict.{lang}.txt")} for lang in ("en", "fr")}
+    known = [i for i in range(n) if set(src[i].split()) <= vocab["en"] and set(ref[i].split()) <= vocab["fr"]]
+    assert known  # (the planted test set: all 13 sentences in the 30k vocabularies)
+
+    def bleu(idx):
+        return f"{BLEU(tokenize='none').corpus_score([hyps[i] for i in idx], [[ref[i] for i in idx]]).score:.2f}"
+
+    assert table_row((results / "nounk.md").read_text(), "wmt14_en_fr_rnnsearch30")[1:] == [
+        str(n), bleu(range(n)), str(len(known)), bleu(known)]
+    by_length = (results / "bleu_by_length.md").read_text()
+    for bucket in range(9):  # the default buckets 0-10, ..., 70-80, 80+ of the source words
+        members = [i for i in range(n) if min(len(src[i].split()) // 10, 8) == bucket]
+        label = f"{10 * bucket}-{10 * bucket + 10}" if bucket < 8 else "80+"
+        assert table_row(by_length, label)[1:3] == [str(len(members)), bleu(members) if members else "-"], label
 
 
 # ----------------------------------------------------------------------------- fairseq-plugins-tokenize

@@ -40,6 +40,7 @@ class LabelSmoothedXentConfig(FairseqDataclass):
                           "weights and optimizer stay fp32); needs native bf16 support"},
     )
     sentence_avg: bool = II("optimization.sentence_avg")
+    cpu: bool = II("common.cpu")
 
 
 def label_smoothed_xent(lprobs, target, epsilon, padding_idx):
@@ -82,10 +83,13 @@ def bf16_autocast(device_type):
 
 @register_criterion("label_smoothed_xent", dataclass=LabelSmoothedXentConfig)
 class LabelSmoothedXentCriterion(FairseqCriterion):
-    def __init__(self, task, label_smoothing, report_accuracy=False, autocast_bf16=False, sentence_avg=False):
+    def __init__(self, task, label_smoothing, report_accuracy=False, autocast_bf16=False, sentence_avg=False,
+                 cpu=False):
         super().__init__(task)
         if not 0.0 <= label_smoothing < 1.0:
             raise ConfigError(f"--label-smoothing {label_smoothing}: must be in [0, 1)")
+        if autocast_bf16:  # refuse before training starts (a failed first update would leave crash.pt)
+            _check_native_bf16("cuda" if torch.cuda.is_available() and not cpu else "cpu")  # fairseq's Trainer's choice
         self.eps = label_smoothing
         self.report_accuracy = report_accuracy
         self.autocast_bf16 = autocast_bf16
