@@ -74,20 +74,6 @@ def test_match_source_len_constrains_sampling(generation_models, data_bin, famil
     assert distinct >= 3
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="fairseq's FairseqTask.build_generator refuses --match-source-len with --sampling "
-                          "('Provided Search parameters are mutually exclusive', a traceback) before the suite's "
-                          "patch is reached; reported to the lead")
-def test_match_source_len_with_sampling_from_the_command_line(generation_models, data_bin, tmp_path):
-    """fairseq-generate --match-source-len --sampling: the samples have |S| words. Seeded (--seed 3)."""
-    out = parse_generation(generate_in_process(tmp_path, data_bin, generation_models["rnnsearch"],
-                                               "--match-source-len", "--sampling", "--seed", "3", "--nbest", "2"))
-    assert len(out) == 30
-    for i, lines in out.items():
-        assert [len(h.split()) for h in lines["nbest"]] == [len(lines["S"].split())] * 2, lines
-
-
-
 def beam_search_by_padding_side(path, data_bin, left_pad_source):
     """{sentence id: [(tokens, score)] of beam 2} of the test set, in batches of 10 sentences of different
     lengths, with the sources padded as ``left_pad_source`` says (fairseq's dataset does the padding)."""

@@ -75,9 +75,6 @@ def test_generate_soft_alignments_are_the_attention_of_a_full_forward(generation
         torch.testing.assert_close(soft, attention, atol=2e-6, rtol=0)  # printed with 6 decimals
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError,
-                   reason="rnnencdec and seq2seq_lstm have no attention: fairseq's alignment extraction fails with "
-                          "IndexError (fairseq-generate --print-alignment too) instead of a one-line error; reported")
 @pytest.mark.parametrize("family", ["rnnencdec", "seq2seq_lstm"])
 def test_generate_alignments_of_a_family_without_attention_are_refused_in_one_line(generation_models, data_bin,
                                                                                    family):

@@ -173,6 +173,8 @@ class LSTMDecoder(FairseqIncrementalDecoder):
 class Seq2SeqLSTMModel(FairseqEncoderDecoderModel):
     """Sutskever et al. (2014): deep LSTM encoder-decoder, source reversed, no attention."""
 
+    has_attention = False  # --print-alignment is refused (patches/alignment_attention.py)
+
     @staticmethod
     def add_args(parser):
         # fmt: off

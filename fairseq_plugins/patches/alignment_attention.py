@@ -7,16 +7,21 @@
 attention weights (the suite's Transformer, which computes them only on demand, and fairseq's
 ``lstm``), and fairseq's alignment extraction fails with ``IndexError``. The fix turns
 ``need_attn`` on in every module that has it for the duration of an alignment generator's
-``generate``, and restores it afterwards.
+``generate``, and restores it afterwards. A model without attention (``has_attention = False``:
+RNNencdec, the seq2seq LSTM) is refused in one line instead of fairseq's ``IndexError``.
 """
 from fairseq.sequence_generator import SequenceGeneratorWithAlignment
 
+from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.patches._mechanism import Patch, Target
 
 GENERATE = Target(SequenceGeneratorWithAlignment, "generate", "self, models, sample, **kwargs")
 
 
 def _generate(self, models, sample, **kwargs):
+    for model in self.model.models:
+        if not getattr(model, "has_attention", True):
+            raise ConfigError(f"--print-alignment: {type(model).__name__} has no attention to align with")
     modules = [m for model in self.model.models for m in model.modules() if hasattr(m, "need_attn")]
     before = [m.need_attn for m in modules]
     for m in modules:

@@ -6,8 +6,9 @@ log-probability is *set to 0*, so the last ``P-`` score is 0 instead of the mode
 log p(EOS) that teacher forcing gives. The fix constrains each step's log-probabilities per
 sentence from the source's words (no padding, no EOS) before the search chooses: EOS is
 banned before step |S| and is the only choice at step |S|, with its own log-probability.
-Any search works under it (beam, sampling); fairseq's length-constrained one is bypassed for
-the plain beam search it wraps.
+Any search works under it (beam, and sampling in a generator built from Python: fairseq's
+``build_generator``, hence fairseq-generate, refuses ``--sampling`` with it); fairseq's
+length-constrained search is bypassed for the plain beam search it wraps.
 """
 import contextlib
 import math
