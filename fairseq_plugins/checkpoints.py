@@ -38,6 +38,18 @@ def last_checkpoints(directory, n, pattern, upper_bound=None):
     return [path for _, path in sorted(numbered)[-n:]]
 
 
+def averaging_window(directory, n, updates_done, fraction, pattern=UPDATE_PATTERN):
+    """The last ``n`` update checkpoints of ``directory`` that lie in the last ``fraction`` of the
+    ``updates_done``: a run stopped early (a time limit) averages fewer, never its first weights."""
+    low = updates_done * (1 - fraction)
+    numbered = []
+    for name in os.listdir(directory):
+        match = pattern.match(name)
+        if match and low < int(match.group(1)) <= updates_done:
+            numbered.append((int(match.group(1)), os.path.join(directory, name)))
+    return [path for _, path in sorted(numbered)[-n:]]
+
+
 def checkpoint_paths(inputs, num_epoch_checkpoints=None, num_update_checkpoints=None, upper_bound=None):
     """The files named by ``fairseq-plugins-average --inputs``: themselves, or the last N of a directory."""
     count = num_epoch_checkpoints or num_update_checkpoints
