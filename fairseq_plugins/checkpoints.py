@@ -7,7 +7,8 @@
   (see :mod:`fairseq_plugins.patches.atomic_checkpoints`);
 * :func:`is_encoder_fast_path_copy` names the redundant entries fairseq 0.12.2 adds;
 * :func:`last_checkpoints` and :func:`average_states` pick and average checkpoints
-  (``fairseq-plugins-average``).
+  (``fairseq-plugins-average``); :func:`averaging_window` picks them from the end of the
+  training a run actually did (the quickstart and the paper-claims driver).
 """
 import contextlib
 import errno
