@@ -12,6 +12,9 @@ PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 py_version=$("$PYTHON" -c 'import sys; print(".".join(map(str, sys.version_info[:3])))' 2>/dev/null) || {
     echo "error: PYTHON=$PYTHON: not a Python interpreter" >&2; exit 2; }
+mkdir -p "$VENV"
+exec 9> "$VENV/.setup.lock"
+flock 9  # two setups of one venv at once break it: the second waits, then finds the stamp
 stamp="$VENV/.installed-$(printf '%s\n' "$(cat setup.py)" "$TORCH_SPEC" "$py_version" | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then
     exit 0
