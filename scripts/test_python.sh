@@ -9,7 +9,7 @@
 #
 # setup.py picks the fairseq distribution: official fairseq==0.12.2 below Python 3.11,
 # fairseq-fixed from 3.11. Environment: TORCH_SPEC (default torch==2.13.0; on 3.10
-# "torch==2.6.0 torchaudio==2.6.0", because fairseq 0.12.2 needs a torchaudio built for the same
+# "torch==2.7.0 torchaudio==2.7.0", because fairseq 0.12.2 needs a torchaudio built for the same
 # torch and none exists for 2.13), PYTHON (default python$VERSION on PATH, else pyenv's newest
 # $VERSION.x), VENV (default .venv-py$VERSION).
 set -euo pipefail
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 VERSION=${1:?usage: bash scripts/test_python.sh VERSION [pytest args], e.g. 3.12}
 shift
 case "$VERSION" in
-    3.10) default_torch="torch==2.6.0 torchaudio==2.6.0" ;;
+    3.10) default_torch="torch==2.7.0 torchaudio==2.7.0" ;;
     3.*) default_torch="torch==2.13.0" ;;
     *) echo "error: VERSION=$VERSION: give a Python version such as 3.12" >&2; exit 2 ;;
 esac
