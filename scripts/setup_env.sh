@@ -4,7 +4,7 @@
 # Re-running is a no-op until setup.py, TORCH_SPEC or the Python changes. Usage: source-free,
 #   bash scripts/setup_env.sh
 #   PYTHON=python3.12 VENV=.venv-py3.12 bash scripts/setup_env.sh   # another interpreter
-#   TORCH_SPEC="torch==2.5.1 torchaudio==2.5.1" bash scripts/setup_env.sh  # several pins, one string
+#   TORCH_SPEC="torch==2.7.0 torchaudio==2.7.0" bash scripts/setup_env.sh  # several pins, one string
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
