@@ -31,9 +31,10 @@ setup(
         # Upstream fairseq cannot be imported on Python >= 3.11; the fork can (same module).
         'fairseq==0.12.2; python_version < "3.11"',
         'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
-        # Users on GPU clusters bring their own CUDA build; tested on 2.5.1 and 2.13.0. 2.4 is the
-        # first with torch.serialization.add_safe_globals, which weights-only checkpoint loading needs.
-        "torch>=2.4,<2.15",
+        # Users on GPU clusters bring their own CUDA build; tested on 2.7.0 and 2.13.0. 2.7 is the
+        # first with torch.compiler.is_exporting, which the models call (2.5.1 also lacks
+        # torch._higher_order_ops.scan: the suite does not import there).
+        "torch>=2.7,<2.15",
         "sentencepiece>=0.1.99",
         "subword-nmt>=0.3.8",
         "sacremoses>=0.0.53",

@@ -7,7 +7,8 @@
   (see :mod:`fairseq_plugins.patches.atomic_checkpoints`);
 * :func:`is_encoder_fast_path_copy` names the redundant entries fairseq 0.12.2 adds;
 * :func:`last_checkpoints` and :func:`average_states` pick and average checkpoints
-  (``fairseq-plugins-average``).
+  (``fairseq-plugins-average``); :func:`averaging_window` picks them from the end of the
+  training a run actually did (the quickstart and the paper-claims driver).
 """
 import contextlib
 import errno
@@ -35,6 +36,18 @@ def last_checkpoints(directory, n, pattern, upper_bound=None):
     if len(numbered) < n:
         kind = "epoch" if pattern is EPOCH_PATTERN else "update"
         raise ConfigError(f"{directory}: asked for the last {n} {kind} checkpoints, found {len(numbered)}")
+    return [path for _, path in sorted(numbered)[-n:]]
+
+
+def averaging_window(directory, n, updates_done, fraction, pattern=UPDATE_PATTERN):
+    """The last ``n`` update checkpoints of ``directory`` that lie in the last ``fraction`` of the
+    ``updates_done``: a run stopped early (a time limit) averages fewer, never its first weights."""
+    low = updates_done * (1 - fraction)
+    numbered = []
+    for name in os.listdir(directory):
+        match = pattern.match(name)
+        if match and low < int(match.group(1)) <= updates_done:
+            numbered.append((int(match.group(1)), os.path.join(directory, name)))
     return [path for _, path in sorted(numbered)[-n:]]
 
 

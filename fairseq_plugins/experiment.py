@@ -14,7 +14,7 @@ import time
 import sacrebleu
 
 from fairseq_plugins.analysis.generate_output import read_generate
-from fairseq_plugins.checkpoints import UPDATE_PATTERN, average_states, last_checkpoints, save_state
+from fairseq_plugins.checkpoints import UPDATE_PATTERN, average_states, averaging_window, save_state
 from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -155,10 +155,11 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
     """Train ``name`` with fairseq-train, average the last checkpoints, translate and score.
 
     A checkpoint is written every ``max_update / save_points`` updates and the last ``average``
-    of them are averaged. With ``score_last`` the last checkpoint is translated and scored too
-    (``result["last"]``); with ``validate_scored`` the scored checkpoint's validation loss and
-    perplexity are measured (``result["scored_valid"]``; ``result["valid"]`` is the best one
-    logged during training). ``generate_flags`` go to every fairseq-generate (e.g. --remove-bpe).
+    of them are averaged, taken only from the same share of the updates done (a run stopped on
+    the ``minutes`` limit averages fewer; ``result["stopped_on_time"]``). With ``score_last`` the
+    last checkpoint is translated and scored too (``result["last"]``); with ``validate_scored`` the
+    scored checkpoint's validation loss and perplexity are measured (``result["scored_valid"]``;
+    ``result["valid"]`` is the best one logged during training). ``generate_flags`` go to every fairseq-generate (e.g. --remove-bpe).
     fairseq-train validates at every checkpoint; with ``validate_last_only`` only at the ones
     averaged (and at the end), which on a small budget saves most of the time.
     """
@@ -181,18 +182,25 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
         os.path.join(out, "train.log"), echo=(" | train_inner | ", " | valid | ") if echo else (),
         prefix=f"{name}: ")
     train_minutes = (time.time() - start) / 60
-    kept = min(average, len([f for f in os.listdir(ckpt) if UPDATE_PATTERN.match(f)]))
+    updates = updates_done(os.path.join(ckpt, "checkpoint_last.pt"))
+    stopped_on_time = updates < max_update
+    if stopped_on_time:
+        say(f"{name}: stopped on the {minutes:g}-minute time limit at update {updates} of {max_update}")
+    # The average spans the same share of the training done as it would of the whole budget.
+    chosen = averaging_window(ckpt, average, updates, min(1.0, average * interval / max_update)) if average else []
     evaluated = os.path.join(out, "average.pt")
-    if kept:
-        say(f"{name}: averaging the last {kept} checkpoints, then fairseq-generate (beam 4)")
+    if chosen:
+        say(f"{name}: averaging {len(chosen)} checkpoints (updates "
+            f"{', '.join(UPDATE_PATTERN.match(os.path.basename(c)).group(1) for c in chosen)}), "
+            "then fairseq-generate (beam 4)")
         # in this process: one interpreter start less per run (fairseq-plugins-average does the same)
-        save_state(average_states(last_checkpoints(ckpt, kept, UPDATE_PATTERN)), evaluated)
-    else:  # the time limit came before the first interval checkpoint
-        say(f"{name}: no interval checkpoint to average; fairseq-generate (beam 4) on the last one")
+        save_state(average_states(chosen), evaluated)
+    else:  # nothing to average, or no interval checkpoint in the last part of the training done
+        say(f"{name}: fairseq-generate (beam 4) on the last checkpoint")
         evaluated = os.path.join(ckpt, "checkpoint_last.pt")
     result = {"model": name, "seed": seed, "parameters": count_parameters(evaluated),
-              "train_minutes": round(train_minutes, 1), "averaged": kept, "checkpoint": evaluated,
-              "updates": updates_done(os.path.join(ckpt, "checkpoint_last.pt")),
+              "train_minutes": round(train_minutes, 1), "averaged": len(chosen), "checkpoint": evaluated,
+              "updates": updates, "max_update": max_update, "stopped_on_time": stopped_on_time,
               **score(generate(data, evaluated, os.path.join(out, "generate.txt"), generate_flags)),
               "valid": best_valid(os.path.join(out, "train.log"))}
     if validate_scored:

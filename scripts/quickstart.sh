@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command #1: create the virtualenv if needed, then train and evaluate every model
-# family on the embedded corpus (about 15 minutes on 2 cores). Re-running skips finished steps.
+# family on the embedded corpus, 800 updates each (about 20 minutes on 2 quiet cores, more on a
+# slower or busier CPU: the budget is updates, not minutes). Re-running skips finished steps.
 # Arguments go to scripts/quickstart.py (e.g. --models rnnsearch_tiny --max-update 500).
 set -euo pipefail
 cd "$(dirname "$0")/.."

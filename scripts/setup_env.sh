@@ -1,19 +1,37 @@
 #!/usr/bin/env bash
 # Create (or refresh) the suite's virtualenv: torch first, pinned to the CPU wheel on this
 # kind of machine (an unpinned torch pulls a multi-GB CUDA build), then the suite.
-# Re-running is a no-op until setup.py changes. Usage: source-free, `bash scripts/setup_env.sh`.
+# Re-running is a no-op until setup.py, TORCH_SPEC or the Python changes. Usage: source-free,
+#   bash scripts/setup_env.sh
+#   PYTHON=python3.12 VENV=.venv-py3.12 bash scripts/setup_env.sh   # another interpreter
+#   TORCH_SPEC="torch==2.7.0 torchaudio==2.7.0" bash scripts/setup_env.sh  # several pins, one string
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-stamp="$VENV/.installed-$(cat setup.py | sha1sum | cut -c1-12)"
+py_version=$("$PYTHON" -c 'import sys; print(".".join(map(str, sys.version_info[:3])))' 2>/dev/null) || {
+    echo "error: PYTHON=$PYTHON: not a Python interpreter" >&2; exit 2; }
+mkdir -p "$VENV"
+exec 9> "$VENV/.setup.lock"
+flock 9  # two setups of one venv at once break it: the second waits, then finds the stamp
+stamp="$VENV/.installed-$(printf '%s\n' "$(cat setup.py)" "$TORCH_SPEC" "$py_version" | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then
     exit 0
 fi
-echo "== creating $VENV (torch: $TORCH_SPEC); about 4 minutes on a fresh machine"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install --quiet --disable-pip-version-check "$TORCH_SPEC"
-"$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[test]"
+# A venv of another Python cannot be upgraded in place: make it again.
+if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c 'import platform; print(platform.python_version())' 2>/dev/null)" != "$py_version" ]; then
+    echo "== $VENV was made with another Python; recreating it with $py_version"
+    rm -rf "$VENV"
+fi
+echo "== creating $VENV (Python $py_version, torch: $TORCH_SPEC); about 4 minutes on a fresh machine"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+# The pins also constrain the suite's install, so fairseq's requirements cannot swap torch.
+constraints="$VENV/torch-constraints.txt"
+read -ra torch_pins <<< "$TORCH_SPEC"
+printf '%s\n' "${torch_pins[@]}" > "$constraints"
+"$VENV/bin/pip" install --quiet --disable-pip-version-check "${torch_pins[@]}"
+"$VENV/bin/pip" install --quiet --disable-pip-version-check -c "$constraints" -e ".[test]"
 # fairseq-fixed pulls in torchaudio, whose newest release may not load beside this torch (a CPU
 # build: libc10_cuda.so missing); transformers imports it whenever it is installed, and
 # translation never uses it: remove it when it cannot load.

@@ -9,7 +9,7 @@
 # is the CUDA build; the CPU wheel index is tried first). Settings, by environment variable:
 #   COMPAT_VENV    where the env lives           (default /work/compat-venv; never inside the repo)
 #   COMPAT_PYTHON  a Python 3.10 interpreter     (default: python3.10 on PATH, else pyenv's 3.10.x)
-#   COMPAT_TORCH   torch version, pinned together with the torchaudio of the same release (default 2.5.1)
+#   COMPAT_TORCH   torch version, pinned together with the torchaudio of the same release (default 2.7.0)
 #   COMPAT_FAIRSEQ fairseq requirement           (default fairseq==0.12.2)
 #   MAIN_VENV      the suite's usual env, the other side of the comparison (default .venv)
 # Exit status: pytest's (0 when every selected test passed on fairseq 0.12.2).
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 COMPAT_VENV=${COMPAT_VENV:-/work/compat-venv}
-COMPAT_TORCH=${COMPAT_TORCH:-2.5.1}
+COMPAT_TORCH=${COMPAT_TORCH:-2.7.0}  # 2.7: the first with torch.compiler.is_exporting
 COMPAT_TORCHAUDIO=${COMPAT_TORCHAUDIO:-$COMPAT_TORCH}  # torchaudio X.Y.Z is built for torch X.Y.Z
 COMPAT_FAIRSEQ=${COMPAT_FAIRSEQ:-fairseq==0.12.2}
 MAIN_VENV=${MAIN_VENV:-.venv}

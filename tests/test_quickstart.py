@@ -1,23 +1,47 @@
-"""README command #1 on a tiny budget: it runs end to end, prints its table, and skips done steps."""
+"""README command #1 on a tiny budget: it runs end to end, prints its table, skips done steps,
+says when a model stopped on its time limit, and averages only the end of the training done."""
 import sys
 
 import pytest
 
+from fairseq_plugins.checkpoints import averaging_window
 from helpers import REPO, run
 
-pytestmark = pytest.mark.slow
+
+def table_row(out, model):
+    rows = [line for line in out.splitlines() if line.startswith(f"| {model} |")]
+    assert len(rows) == 1
+    return rows[0], [cell.strip() for cell in rows[0].strip("|").split("|")]
 
 
-def test_quickstart_runs_and_resumes(tmp_path):
-    cmd = [sys.executable, f"{REPO}/scripts/quickstart.py", "--work", tmp_path, "--models", "rnnencdec_tiny",
-           "--train", "300", "--test", "20", "--max-len", "10", "--max-update", "3"]
-    out = run(cmd)
+@pytest.mark.slow
+def test_quickstart_runs_resumes_and_reports_a_time_limit(tmp_path):
+    cmd = [sys.executable, f"{REPO}/scripts/quickstart.py", "--work", tmp_path, "--train", "300", "--test", "20",
+           "--max-len", "10"]
+    out = run([*cmd, "--models", "rnnencdec_tiny", "--max-update", "3"])
     assert "fairseq-train" in out and "train_inner" in out  # progress is shown
-    row = [line for line in out.splitlines() if line.startswith("| rnnencdec_tiny |")]
-    assert len(row) == 1
-    _, params, minutes, bleu, chrf = [cell.strip() for cell in row[0].strip("|").split("|")]
-    assert int(params.replace(",", "")) > 1000 and 0 <= float(bleu) <= 100 and 0 <= float(chrf) <= 100
-    assert "(test set: 20 sentences" in out
-    again = run(cmd)
+    row, (_, params, updates, minutes, bleu, chrf) = table_row(out, "rnnencdec_tiny")
+    assert int(params.replace(",", "")) > 1000 and updates == "3" and 0 <= float(bleu) <= 100 and 0 <= float(chrf) <= 100
+    assert "(test set: 20 sentences" in out and "time limit" not in out
+    again = run([*cmd, "--models", "rnnencdec_tiny", "--max-update", "3"])
     assert "done before, skipping" in again and "fairseq-train" not in again.split("done before")[0]
-    assert row[0] in again
+    assert row in again
+    # A limit of 0.03 s: fairseq-train stops after its first update, and the output says so.
+    out = run([*cmd, "--models", "seq2seq_lstm_tiny", "--max-update", "300", "--minutes", "0.0005"])
+    assert table_row(out, "seq2seq_lstm_tiny")[1][2] == "1"
+    assert "warning: seq2seq_lstm_tiny stopped on the 0.0005-minute time limit at update 1 of 300" in out
+
+
+def test_averaging_window_keeps_to_the_end_of_the_training_done(tmp_path):
+    for update in range(50, 1501, 50):  # a checkpoint every 1/30 of a 1,500-update budget
+        (tmp_path / f"checkpoint_1_{update}.pt").touch()
+    (tmp_path / "checkpoint_last.pt").touch()
+    chosen = lambda done: [p.rsplit("_", 1)[1] for p in averaging_window(str(tmp_path), 5, done, 5 / 30)]  # noqa: E731
+    assert chosen(1500) == ["1300.pt", "1350.pt", "1400.pt", "1450.pt", "1500.pt"]  # the whole budget: the last 5
+    # Stopped on time at update 251 (the issue's run): not updates 50-250 from near-random weights
+    # on, only what lies in the last sixth of the 251 done.
+    assert chosen(251) == ["250.pt"]
+    assert chosen(600) == ["550.pt", "600.pt"]
+    assert chosen(40) == []  # no checkpoint in the window: the caller scores checkpoint_last.pt
+    assert [p.rsplit("_", 1)[1] for p in averaging_window(str(tmp_path), 5, 300, 1.0)] == [
+        "100.pt", "150.pt", "200.pt", "250.pt", "300.pt"]  # fraction 1: nothing after the updates done

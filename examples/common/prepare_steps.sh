@@ -20,7 +20,7 @@ Options (environment variable in brackets):
   --out-dir DIR      everything is written under DIR [WMT14_OUT] (default: ./wmt14_${SRC}_${TGT})
   --raw-dir DIR      where the archives are, or are downloaded to [WMT14_RAW] (default: OUT/raw)
   --offline          never download: a missing archive is an error [WMT14_OFFLINE=1]
-  --mirror URL       fetch each archive as URL/<archive name> (curl: http, https, file)
+  --mirror URL       fetch each archive as URL/<archive name> (http/https with curl or wget; file:// copied)
                      instead of statmt.org [WMT14_MIRROR]
   --no-md5           do not check the archives' md5 sums [WMT14_MD5=0]
   --data LIST        binarized sets to build, comma-separated, among: joined (subword units,
@@ -75,6 +75,16 @@ prepare_parse_args() {
     mkdir -p "$RAW_DIR" "$TMP/extract" "$OUT/data-bin"
 }
 
+# download URL FILE: a file:// URL is copied (wget cannot read one), others go through curl, else wget.
+download() {
+    case $1 in
+        file://*) cp -- "${1#file://}" "$2" ;;
+        *) if command -v curl >/dev/null; then curl -fL --retry 3 -o "$2" "$1"
+           elif command -v wget >/dev/null; then wget -q --tries 3 -O "$2" "$1"
+           else die "neither curl nor wget is installed: cannot download $1 (or place the archive in $RAW_DIR)"; fi ;;
+    esac
+}
+
 # fetch_archive NAME URL: make RAW_DIR/NAME exist. A download goes to NAME.part and is
 # renamed only when complete, so a failed one leaves nothing under the final name.
 fetch_archive() {
@@ -87,11 +97,7 @@ fetch_archive() {
     [[ -z $MIRROR ]] || url=${MIRROR%/}/$name
     log "downloading $url"
     rm -f "$dest.part"
-    if command -v curl >/dev/null; then
-        curl -fL --retry 3 -o "$dest.part" "$url" || { rm -f "$dest.part"; die "download failed: $url (for $dest; nothing kept)"; }
-    else
-        wget -q --tries 3 -O "$dest.part" "$url" || { rm -f "$dest.part"; die "download failed: $url (for $dest; nothing kept)"; }
-    fi
+    download "$url" "$dest.part" || { rm -f "$dest.part"; die "download failed: $url (for $dest; nothing kept)"; }
     mv "$dest.part" "$dest"
 }
 

@@ -3,7 +3,7 @@
     bash examples/paper_claims/run.sh [--corpus synthetic,catalogs] [--seeds 1,2,3] [--jobs 2]
 
 Corpora: ``synthetic``, the embedded language pair (training sentences of 5-50 words, test
-sentences of 5-80), and ``catalogs``, English->German pairs from this machine's gettext
+sentences of 5-80), and ``catalogs``, English->German pairs from the local machine's gettext
 catalogs (``fairseq-plugins-catalog-corpus``). On each, every model is trained once per seed
 with the same number of updates (the two ``-clock`` runs get the same minutes instead), then
 translated with beam 4 from the average of its last 5 checkpoints (one every 1/20 of the
@@ -100,9 +100,9 @@ def catalog_corpus(work, args):
         experiment.run(["fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref",
                         f"{bpe}/train", "--validpref", f"{bpe}/valid", "--testpref", f"{bpe}/test", "--destdir",
                         data, "--joined-dictionary", "--workers", 2], f"{data}.preprocess.log")
-    return (data, ["--remove-bpe"], f"English->German pairs of this machine's gettext catalogs: {pairs['train']} "
-            f"training, {pairs['valid']} validation, {pairs['test']} test pairs of 1-50 words, none with "
-            f"placeholders; joint BPE, {args.bpe_ops} merges")
+    return (data, ["--remove-bpe"], "English->German pairs of the gettext catalogs installed on the machine that "
+            f"ran it: {pairs['train']} training, {pairs['valid']} validation, {pairs['test']} test pairs of "
+            f"1-50 words, none with placeholders; joint BPE, {args.bpe_ops} merges")
 
 
 def train_all(corpora, seeds, args):
