@@ -18,18 +18,14 @@ The vocabularies are the fairseq dictionaries in their order, special symbols in
 (``<pad>`` written as ``<blank>``, as CTranslate2's fairseq converter does); the source gets
 ``</s>`` appended and decoding starts from ``</s>``, as in fairseq.
 """
-import os
-import shutil
-import tempfile
 from argparse import Namespace
 from typing import Optional
 
-from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 from omegaconf import OmegaConf
 
-from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import CheckpointError, ConfigError
+from fairseq_plugins.export.common import build_model, check_output, read_checkpoint, staged_folder
 
 MODEL = "vaswani_transformer"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
@@ -59,24 +55,12 @@ def check_exportable(options: Namespace) -> None:
 
 def load_model(checkpoint: str, data: Optional[str] = None):
     """The model in eval mode and its task (dictionaries), read as fairseq-generate does."""
-    if not os.path.isfile(checkpoint):
-        raise CheckpointError(f"checkpoint {checkpoint} does not exist")
-    state = load_state(checkpoint)
+    state = read_checkpoint(checkpoint)
     try:
         check_exportable(_model_options(state))
     except CheckpointError as e:
         raise CheckpointError(f"{checkpoint}: {e}") from None
-    data = data or state["cfg"]["task"]["data"]
-    if not os.path.isdir(data):
-        raise ConfigError(f"data directory {data} (with the dictionaries of {checkpoint}) does not "
-                          "exist; pass --data DIR")
-    try:
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-            [checkpoint], arg_overrides={"data": data}, state=state)
-    except FileNotFoundError as e:
-        raise ConfigError(f"{e.filename or e}: not found (dictionaries of {checkpoint}); "
-                          "pass --data DIR") from None
-    return models[0].eval(), task
+    return build_model(state, checkpoint, data)
 
 
 def _linear(spec, module):
@@ -154,13 +138,7 @@ def export(checkpoint: str, out_dir: str, quantization: Optional[str] = None, fo
 
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {quantization} is not one of {', '.join(QUANTIZATIONS)}")
-    if os.path.exists(out_dir):
-        if not force:
-            raise ConfigError(f"output {out_dir} exists; pass --force to overwrite it")
-        if not os.path.isdir(out_dir) or (os.listdir(out_dir) and not os.path.isfile(
-                os.path.join(out_dir, "model.bin"))):
-            raise ConfigError(f"output {out_dir} is not a CTranslate2 model directory; "
-                              "--force only replaces one")
+    check_output(out_dir, force, "model.bin", "CTranslate2 model directory")
     model, task = load_model(checkpoint, data)
     spec = build_spec(model)
     spec.register_source_vocabulary(vocabulary(task.source_dictionary))
@@ -170,15 +148,6 @@ def export(checkpoint: str, out_dir: str, quantization: Optional[str] = None, fo
         def _load(self):
             return spec
 
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".ct2-", dir=parent)  # a failed write leaves OUT_DIR as it was
-    try:
+    with staged_folder(out_dir) as staging:
         _Converter().convert(staging, quantization=quantization, force=True)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.rename(staging, out_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging)
     return out_dir

@@ -46,7 +46,6 @@ beam=5, max_len_a=0.0, max_len_b=200, lenpen=1.0)``:
    codes] or a sentencepiece model);
 5. moves the staging folder to ``out_dir`` (replacing it only with ``force``).
 """
-import glob
 import importlib
 import json
 import os
@@ -55,12 +54,11 @@ import tempfile
 from argparse import Namespace
 from typing import Optional
 
-from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 from omegaconf import OmegaConf
 
-from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import CheckpointError, ConfigError
+from fairseq_plugins.export.common import build_model, check_output, read_checkpoint, staged_folder
 
 # model family -> module of this package that writes it
 FAMILIES = {"vaswani_transformer": "transformer", "rnnsearch": "rnn", "rnnencdec": "rnn", "seq2seq_lstm": "rnn"}
@@ -93,31 +91,9 @@ def _family(state, checkpoint: str) -> str:
 
 def load_model(checkpoint: str, data: Optional[str] = None):
     """(family, model in eval mode, task with the dictionaries), read as fairseq-generate does."""
-    if not os.path.isfile(checkpoint):
-        raise CheckpointError(f"checkpoint {checkpoint} does not exist")
-    state = load_state(checkpoint)
+    state = read_checkpoint(checkpoint)
     family = _family(state, checkpoint)
-    data = data or state["cfg"]["task"]["data"]
-    if not os.path.isdir(data):
-        raise ConfigError(f"data directory {data} (with the dictionaries of {checkpoint}) does not exist; "
-                          "pass --data DIR")
-    task_cfg = state["cfg"]["task"]
-    languages = [task_cfg.get("source_lang"), task_cfg.get("target_lang")]
-    for language in languages if None not in languages else ["*"]:  # fairseq infers unset languages
-        if not glob.glob(os.path.join(glob.escape(data), f"dict.{language}.txt")):
-            raise ConfigError(f"{os.path.join(data, f'dict.{language}.txt')}: not found (dictionary of {checkpoint}); "
-                              "pass --data DIR")
-    task_cfg["data"] = data  # fairseq applies arg_overrides only when it reads the file itself
-    try:
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], state=state)
-    except FileNotFoundError as e:
-        raise ConfigError(f"{e.filename or e}: not found (dictionaries of {checkpoint}); pass --data DIR") from None
-    except RuntimeError as e:
-        if "size mismatch" not in str(e):
-            raise
-        raise ConfigError(f"the dictionaries in {data} do not fit {checkpoint} (its embeddings have other sizes); "
-                          "pass the --data DIR it was trained on") from None
-    return family, models[0].eval(), task
+    return (family, *build_model(state, checkpoint, data))
 
 
 def generation_config(model, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0):
@@ -181,15 +157,6 @@ def add_pipeline(out_dir: str) -> None:
         json.dump(config, f, indent=2, sort_keys=True)
 
 
-def _check_output(out_dir: str, force: bool):
-    if not os.path.exists(out_dir):
-        return
-    if not force:
-        raise ConfigError(f"output {out_dir} exists; pass --force to overwrite it")
-    if not os.path.isdir(out_dir) or (os.listdir(out_dir) and not os.path.isfile(os.path.join(out_dir, "config.json"))):
-        raise ConfigError(f"output {out_dir} is not a transformers model folder; --force only replaces one")
-
-
 def _check_file(path, flag):
     if path is not None and not os.path.isfile(path):
         raise ConfigError(f"{flag} {path}: no such file")
@@ -201,7 +168,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: boo
            normalize: bool = True, aggressive: bool = True, escape: bool = True,
            beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0) -> str:
     """Write ``out_dir``; every refusal comes before anything is written."""
-    _check_output(out_dir, force)
+    check_output(out_dir, force, "config.json", "transformers model folder")
     if bpe_codes is not None and sentencepiece_model is not None:
         raise ConfigError("--bpe-codes and --sentencepiece-model: name one subword model, not both")
     _check_file(bpe_codes, "--bpe-codes")
@@ -210,21 +177,12 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: boo
     writer = family_module(family)
     writer.check_supported(model)
     generation = generation_config(model, beam, max_len_a, max_len_b, lenpen)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".hf-", dir=parent)  # a failed write leaves OUT_DIR as it was
-    try:
+    with staged_folder(out_dir) as staging:
         writer.write_model(model, staging)
         generation.save_pretrained(staging)
         add_pipeline(staging)
         write_tokenizer(task, staging, bpe_codes, sentencepiece_model, source_lang, target_lang, moses,
                         normalize, aggressive, escape)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.rename(staging, out_dir)
-    finally:
-        if os.path.exists(staging):
-            shutil.rmtree(staging)
     return out_dir
 
 
