@@ -48,6 +48,7 @@ done
 
 if [ -n "${PLAIN_REPORT:-}" ]; then cp "$PLAIN_REPORT" "$WORK/plain.xml"; fi
 "$PYTHON" - "$WORK/plain.xml" "$WORK/suite.xml" "${TESTS[@]}" <<'EOF'
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -63,7 +64,8 @@ def outcomes(path):
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = "skipped" if child.tag == "skipped" else "failed"
-                message = (child.get("message") or child.text or "").strip().splitlines()[0:1]
+                text = re.sub(r"#x1B\[[0-9;]*m", "", child.get("message") or child.text or "")  # pytest's escaped colours
+                message = text.strip().splitlines()[0:1]
                 message = message[0][:300] if message else ""
         found[name] = (outcome, message)
     return found
