@@ -65,8 +65,8 @@ def outcomes(path):
             if child.tag in ("failure", "error", "skipped"):
                 outcome = "skipped" if child.tag == "skipped" else "failed"
                 text = re.sub(r"#x1B\[[0-9;]*m", "", child.get("message") or child.text or "")  # pytest's escaped colours
-                message = text.strip().splitlines()[0:1]
-                message = message[0][:300] if message else ""
+                lines = [line.strip() for line in text.splitlines() if line.strip()]
+                message = " ".join(lines[:2])[:300]  # "RuntimeError:" alone says little
         found[name] = (outcome, message)
     return found
 
