@@ -28,7 +28,7 @@ for name in "${TESTS[@]}"; do
 done
 
 WORK=$(mktemp -d -t fairseq-own-tests.XXXXXX)
-[ "${KEEP:-0}" = 1 ] && echo "temporary folders kept under $WORK" || trap 'rm -rf "$WORK"' EXIT
+if [ "${KEEP:-0}" = 1 ]; then echo "temporary folders kept under $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 unset TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD  # neither side may lean on it
 
