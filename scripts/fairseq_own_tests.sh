@@ -28,7 +28,7 @@ for name in "${TESTS[@]}"; do
 done
 
 WORK=$(mktemp -d -t fairseq-own-tests.XXXXXX)
-[ "${KEEP:-0}" = 1 ] && echo "temporary folders kept under $WORK" || trap 'rm -rf "$WORK"' EXIT
+if [ "${KEEP:-0}" = 1 ]; then echo "temporary folders kept under $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 unset TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD  # neither side may lean on it
 
@@ -48,6 +48,7 @@ done
 
 if [ -n "${PLAIN_REPORT:-}" ]; then cp "$PLAIN_REPORT" "$WORK/plain.xml"; fi
 "$PYTHON" - "$WORK/plain.xml" "$WORK/suite.xml" "${TESTS[@]}" <<'EOF'
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -63,8 +64,9 @@ def outcomes(path):
         for child in case:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = "skipped" if child.tag == "skipped" else "failed"
-                message = (child.get("message") or child.text or "").strip().splitlines()[0:1]
-                message = message[0][:300] if message else ""
+                text = re.sub(r"#x1B\[[0-9;]*m", "", child.get("message") or child.text or "")  # pytest's escaped colours
+                lines = [line.strip() for line in text.splitlines() if line.strip()]
+                message = " ".join(lines[:2])[:300]  # "RuntimeError:" alone says little
         found[name] = (outcome, message)
     return found
 
