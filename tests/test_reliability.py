@@ -263,7 +263,7 @@ def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path, data_bin, arch):
     args = train_cmd(data_bin, killed, total, *resumable, arch=arch_args)
     last = os.path.join(killed, "checkpoint_last.pt")
     # Kill moments: within (a random fraction of ~one update after) the log line of a random update,
-    # early enough that the run cannot have finished: restarting a finished run trains one extra update.
+    # early enough that the run is still training (a kill after the final save: test_finished_run.py).
     # 1st kill: early in epoch 1.
     assert run_until_killed(args, after_update(rng.randint(1, 4), rng.uniform(0, 0.02))), context
     assert_loads_if_present(last)
