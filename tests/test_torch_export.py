@@ -83,7 +83,6 @@ def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
         rows = torch.arange(len(lengths)).repeat_interleave(beam)
         with torch.no_grad():
             state = [tensor.index_select(0, rows) for tensor in encoder.module()(src)]
-            model.set_beam_size(beam)
             encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), rows)
             incremental_state, prev = {}, torch.full((rows.numel(), 1), DICT.eos())
             for t in range(7):
@@ -100,7 +99,6 @@ def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
                 close(log_probs, expected)
                 assert state[2].shape[:2] == (prev.size(0), t + 1)  # layer 0's self-attention keys/values
                 prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
-        model.set_beam_size(1)
 
 
 def test_exported_transformer_encoder_equals_eager():

@@ -319,7 +319,8 @@ def test_reorder_encoder_out_puts_every_tensor_in_the_orders_rows(lengths):
                       torch.tensor([5, 0, 2])):  # beam-like, then rows dropped and crossing
             out = model.encoder.reorder_encoder_out(out, order)
             rows = rows[order]
-            assert out.keys() == fresh.keys()
+            assert out.keys() >= fresh.keys()
+            assert all(t.size(0) == len(rows) for tensors in out.values() for t in tensors)  # "beam" too
             for key in fresh:
                 assert len(out[key]) == len(fresh[key])
                 for got, expected in zip(out[key], fresh[key]):
@@ -367,13 +368,11 @@ def encoder_kv(state):
 
 @pytest.mark.parametrize("flags", [dict(), dict(encoder_normalize_before=True, decoder_normalize_before=True)])
 def test_beam_decoding_equals_full_forward_and_moves_no_cache_within_beams(flags):
-    """With the beam size set (as SequenceGenerator does): rows repeated per beam before the first
-    step, reorders within beams (hypotheses repeated and dropped), finished sentences dropped;
+    """Beam search as SequenceGenerator drives it: rows repeated per beam before the first step, reorders within beams (hypotheses repeated and dropped), finished sentences dropped;
     every step equals a full forward of the same rows. The encoder keys/values are computed once
     per sentence, within-beam reorders move no cache entry, and past the preallocated capacity
     (16 steps) the self-attention buffer grows."""
     model = build(share_all_embeddings=True, **flags)
-    model.set_beam_size(2)
     src = tokens(JOINED, [7, 3, 5])
     prev = prev_output(JOINED, [24, 24, 24])
     beam = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -401,25 +400,38 @@ def test_beam_decoding_equals_full_forward_and_moves_no_cache_within_beams(flags
         assert all(kv.size(0) == 1 for kv in encoder_kv(state))
 
 
-def test_rows_that_are_not_beams_fail_loudly_after_set_beam_size():
+def test_rows_that_are_not_beams_fail_loudly():
     """The beam layout is checked on the device (no host synchronisation): rows of a "beam" that
     are different sentences, or a reorder across beams, raise instead of decoding wrong rows."""
     model = build(share_all_embeddings=True)
-    model.set_beam_size(2)
     src, prev = tokens(JOINED, [7, 3, 5, 4]), prev_output(JOINED, [4, 4, 4, 4])
     with torch.no_grad():
-        with pytest.raises(RuntimeError, match=r"not beams of 2 .*set_beam_size\(1\)"):
-            model.decoder(prev[:, :1], model.encoder(src), {})  # four sentences, no beams
         encoder_out = model.encoder.reorder_encoder_out(model.encoder(src[:2]), torch.tensor([0, 0, 1, 1]))
+        across = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 2, 1, 3]))
+        with pytest.raises(RuntimeError, match=r"not beams of 2 .*repeated each row 2 times"):
+            model.decoder(prev[:4, :1], across, {})  # beams of two sentences each
         state = {}
         model.decoder(prev[:4, :1], encoder_out, state)
         with pytest.raises(RuntimeError, match="not beams of 2"):
             model.decoder.reorder_incremental_state(state, torch.tensor([0, 2, 1, 3]))
         with pytest.raises(ConfigError, match="3 rows is not whole beams of 2"):
             model.decoder.reorder_incremental_state(state, torch.tensor([0, 1, 2]))
-        model.set_beam_size(1)  # the way back: any rows
-        logits, _ = model.decoder(prev[:, :1], model.encoder(src), {})
-        assert (logits - model(src, None, prev[:, :1])[0]).abs().max() < TOL
+
+
+def test_greedy_decoding_after_a_beam_search_on_the_same_model():
+    """The beam layout belongs to one decoding (its encoder output), not to the model: fairseq's
+    hub translate(beam=1) after translate(beam=4) decodes four sentences as four sentences."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model = build(share_all_embeddings=True)
+    src, prev = tokens(JOINED, [7, 3, 5, 4]), prev_output(JOINED, [4, 4, 4, 4])
+    SequenceGenerator([model], model.decoder.dictionary, beam_size=4)  # what a beam-4 translate() builds
+    with torch.no_grad():
+        beams = model.encoder.reorder_encoder_out(model.encoder(src), torch.arange(4).repeat_interleave(4))
+        model.decoder(prev.repeat_interleave(4, 0)[:, :1], beams, {})
+        greedy = model.encoder.reorder_encoder_out(model.encoder(src), torch.arange(4))
+        lp, _ = step_by_step(model, greedy, prev, {}, 0, 3)
+        assert (lp - log_probs(model, src, prev[:, :3])).abs().max() < TOL
 
 
 def test_slot_cache_equals_naive_cat_reference():
