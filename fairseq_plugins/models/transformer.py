@@ -48,7 +48,7 @@ from fairseq_plugins.modules.transformer_layer import (
 DEFAULT_MAX_POSITIONS = 1024
 EncoderOut = Dict[str, List[Tensor]]
 BEAM_ERROR = ("vaswani_transformer: decoding rows that are not beams of {beam} consecutive rows of one sentence, "
-              "reordered within their beam, after set_beam_size({beam}); call set_beam_size(1) first")
+              "reordered within their beam (the first reorder_encoder_out repeated each row {beam} times)")
 
 
 def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.Embedding:
@@ -117,9 +117,18 @@ class VaswaniTransformerEncoder(FairseqEncoder):
         return {"encoder_out": [x], "encoder_padding_mask": [padding_mask] if has_pads else []}
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        """fairseq's contract: row n of every returned tensor is row ``new_order[n]``."""
-        return {key: [tensor.index_select(0, new_order) for tensor in tensors]
-                for key, tensors in encoder_out.items()}
+        """fairseq's contract: row n of every returned tensor is row ``new_order[n]``.
+
+        A fresh encoder output's first reorder is beam search's: each of its rows repeated G times.
+        ``beam`` [N, G] records G for the decoder in its shape (its values are unused; no host
+        synchronisation) and is reordered with the rest."""
+        reordered = {key: [tensor.index_select(0, new_order) for tensor in tensors]
+                     for key, tensors in encoder_out.items()}
+        if "beam" not in encoder_out:
+            rows = encoder_out["encoder_out"][0].size(0)
+            group = new_order.numel() // rows if new_order.numel() % rows == 0 else 1
+            reordered["beam"] = [new_order.new_zeros(new_order.numel(), group, dtype=torch.uint8)]
+        return reordered
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
@@ -137,7 +146,6 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
             args.activation_dropout, args.decoder_normalize_before, encoder_dim))
         self.alignment_layer = args.alignment_layer % args.decoder_layers
         self.need_attn = True  # fairseq-generate sets it to --print-alignment
-        self.beam_size = 1  # set_beam_size
         self.output_projection = nn.Linear(d_model, len(dictionary), bias=False)
         if args.share_decoder_input_output_embed:
             self.output_projection.weight = embed_tokens.weight  # §3.4: shared with the embedding
@@ -179,13 +187,16 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
     def _group(self, incremental_state: IncrementalState, encoder_out: EncoderOut, num_rows: int) -> int:
         """G for this decoding step: how many consecutive rows decode one sentence's beam and
         share its cached encoder keys/values. From shapes only (no host synchronisation): the
-        beam bookkeeping's once decoding has begun, else the beam size the generator set."""
+        beam bookkeeping's once decoding has begun, else what the first reorder of the encoder
+        output recorded (beam search's expansion; 1 for an encoder output never reordered)."""
         beams = self.get_incremental_state(incremental_state, "beam_slots")
         if beams is not None:
             return beams["slots"].size(1)
         if self.layers[0].encoder_attn.get_incremental_state(incremental_state, "static_kv") is not None:
             return 1  # decoding has begun in groups of one
-        group = self.beam_size if num_rows % self.beam_size == 0 else 1
+        beam = encoder_out.get("beam")
+        group = beam[0].size(1) if beam else 1
+        group = group if num_rows % group == 0 else 1
         if group > 1:  # beam search repeats each sentence G times, consecutively: check it on the device
             rows = encoder_out["encoder_out"][0].reshape(num_rows // group, group, -1)
             torch._assert_async((rows == rows[:, :1]).all(), BEAM_ERROR.format(beam=group))
@@ -233,8 +244,8 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """fairseq's contract: row n of every cache now continues row ``new_order[n]``.
 
-        Groups of one: every cache selects ``new_order``'s rows. Beams (G > 1, the beam size the
-        generator set): beam search only reorders hypotheses within a beam and drops finished
+        Groups of one: every cache selects ``new_order``'s rows. Beams (G > 1, the rows per
+        sentence the encoder output's first reorder made): beam search only reorders hypotheses within a beam and drops finished
         beams, so ``slots`` follows the rows, the self-attention entries stay where they are and
         both caches select beams only when some finished; the device checks that assumption."""
         state = self.get_incremental_state(incremental_state, "beam_slots")
@@ -246,7 +257,7 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
         rows, group, steps = state["slots"].shape
         if new_order.numel() % group != 0:
             raise ConfigError(f"vaswani_transformer: a reorder of {new_order.numel()} rows is not whole beams of "
-                              f"{group} (the beam size given to set_beam_size)")
+                              f"{group} (the rows per sentence of the encoder output's first reorder)")
         beams = new_order.view(-1, group)  # [R', G]
         origin = beams[:, 0] // group  # the old beam each new beam continues
         kept = (beams // group == origin.unsqueeze(1)).all()
@@ -266,13 +277,6 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
 
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.need_attn = need_attn
-
-    def set_beam_size(self, beam_size: int):
-        """The beam of the generator (fairseq's ``SequenceGenerator`` sets it through the model):
-        incremental decoding then treats every ``beam_size`` consecutive rows as one sentence's
-        beam, its encoder keys/values computed once and its reorders moving no cache entry.
-        ``set_beam_size(1)`` before decoding rows laid out otherwise."""
-        self.beam_size = beam_size
 
 
 @register_model("vaswani_transformer")
@@ -353,10 +357,6 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
         encoder = VaswaniTransformerEncoder(args, src_dict, encoder_embed)
         decoder = VaswaniTransformerDecoder(args, tgt_dict, decoder_embed, args.encoder_embed_dim)
         return cls(encoder, decoder)
-
-    def set_beam_size(self, beam_size: int):
-        """Called by fairseq's ``SequenceGenerator`` (``EnsembleModel.set_decoder_beam_size``)."""
-        self.decoder.set_beam_size(beam_size)
 
 
 @register_model_architecture("vaswani_transformer", "vaswani_transformer")
