@@ -166,3 +166,22 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def pre_2019_layout(state):
+    """A state dict of fairseq's ``transformer`` in the layout of its checkpoints before 2019 (the
+    published WMT models): fused in_proj_weight/bias, the encoder's layer norms numbered."""
+    old = {}
+    for key, value in state.items():
+        if ".q_proj." in key:
+            part = key.rsplit(".", 1)[1]
+            old[key.replace(f"q_proj.{part}", f"in_proj_{part}")] = torch.cat(
+                [value, state[key.replace("q_proj", "k_proj")], state[key.replace("q_proj", "v_proj")]])
+        elif ".k_proj." in key or ".v_proj." in key:
+            continue
+        elif key.startswith("encoder.layers.") and "_layer_norm." in key:
+            name = key.split(".")[3]
+            old[key.replace(name, "layer_norms." + ("0" if name == "self_attn_layer_norm" else "1"))] = value
+        else:
+            old[key] = value
+    return old

@@ -24,6 +24,7 @@ from fairseq_plugins.tasks.translation_wu import (
     TranslationWuTask,
     WuSequenceGenerator,
 )
+from helpers import pre_2019_layout
 
 TOL = 1e-5
 
@@ -241,23 +242,10 @@ def builtin(src, tgt, **flags):
 
 
 def to_old_format(state):
-    """The layout of checkpoints before 2019: fused in_proj_weight, numbered layer norms, embed_out."""
-    old = {}
-    for key, value in state.items():
-        if ".q_proj." in key:
-            part = key.rsplit(".", 1)[1]
-            old[key.replace(f"q_proj.{part}", f"in_proj_{part}")] = torch.cat(
-                [value, state[key.replace("q_proj", "k_proj")], state[key.replace("q_proj", "v_proj")]])
-        elif ".k_proj." in key or ".v_proj." in key:
-            continue
-        elif key.startswith("encoder.layers.") and "_layer_norm." in key:
-            number = "0" if ".self_attn_layer_norm." in key else "1"
-            name = key.split(".")[3]
-            old[key.replace(name, f"layer_norms.{number}")] = value
-        elif key == "decoder.output_projection.weight":
-            old["decoder.embed_out"] = value
-        else:
-            old[key] = value
+    """The layout of checkpoints before 2019, with the output projection as ``embed_out``."""
+    old = pre_2019_layout(state)
+    if "decoder.output_projection.weight" in old:
+        old["decoder.embed_out"] = old.pop("decoder.output_projection.weight")
     return old
 
 
@@ -421,8 +409,6 @@ def test_rows_that_are_not_beams_fail_loudly():
 def test_greedy_decoding_after_a_beam_search_on_the_same_model():
     """The beam layout belongs to one decoding (its encoder output), not to the model: fairseq's
     hub translate(beam=1) after translate(beam=4) decodes four sentences as four sentences."""
-    from fairseq.sequence_generator import SequenceGenerator
-
     model = build(share_all_embeddings=True)
     src, prev = tokens(JOINED, [7, 3, 5, 4]), prev_output(JOINED, [4, 4, 4, 4])
     SequenceGenerator([model], model.decoder.dictionary, beam_size=4)  # what a beam-4 translate() builds

@@ -11,7 +11,7 @@ import torch
 from fairseq import checkpoint_utils
 
 from fairseq_plugins.cli import convert_transformer
-from helpers import ONE_THREAD, USER_DIR, generate_in_process, in_parallel, run, train
+from helpers import ONE_THREAD, USER_DIR, generate_in_process, in_parallel, pre_2019_layout, run, train
 
 pytestmark = pytest.mark.slow
 
@@ -206,22 +206,8 @@ def test_wu_lenpen_from_the_command_line_ranks_by_log_p_over_lp(generation_model
 # ---------------------------------------------------------------- the published checkpoints' layout
 
 def published_layout(state):
-    """fairseq's checkpoints of 2018 (the published WMT models): fused in_proj_weight/bias, the
-    encoder's layer norms numbered, an ``encoder.version`` entry."""
-    old = {}
-    for key, value in state.items():
-        if ".q_proj." in key:
-            part = key.rsplit(".", 1)[1]
-            old[key.replace(f"q_proj.{part}", f"in_proj_{part}")] = torch.cat(
-                [value, state[key.replace("q_proj", "k_proj")], state[key.replace("q_proj", "v_proj")]])
-        elif ".k_proj." in key or ".v_proj." in key:
-            continue
-        elif key.startswith("encoder.layers.") and "_layer_norm." in key:
-            name = key.split(".")[3]
-            old[key.replace(name, "layer_norms." + ("0" if name == "self_attn_layer_norm" else "1"))] = value
-        else:
-            old[key] = value
-    return dict(old, **{"encoder.version": torch.tensor([2.0])})
+    """fairseq's checkpoints of 2018 (the published WMT models): the pre-2019 layout and an ``encoder.version`` entry."""
+    return dict(pre_2019_layout(state), **{"encoder.version": torch.tensor([2.0])})
 
 
 def test_published_args_only_checkpoint_converts_and_translates_as_fairseq_does(data_bin, tmp_path):
