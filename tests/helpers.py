@@ -185,3 +185,8 @@ def pre_2019_layout(state):
         else:
             old[key] = value
     return old
+
+
+def num_updates(state):
+    """The update count of a loaded checkpoint state."""
+    return state["optimizer_history"][-1]["num_updates"]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, free_port, run
+from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, free_port, num_updates, run
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError
@@ -78,10 +78,6 @@ def wait_for_update(log, update, procs, timeout=240):
         assert all(p.poll() is None for p in procs), open(log).read()[-3000:]
         time.sleep(0.02)
     raise AssertionError(f"update {update} never logged in {timeout} s")
-
-
-def num_updates(state):
-    return state["optimizer_history"][-1]["num_updates"]
 
 
 def assert_equal_runs(path, reference_path):

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, free_port, in_parallel
+from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, free_port, in_parallel, num_updates
 
 from fairseq_plugins.checkpoints import load_state
 
@@ -103,10 +103,6 @@ def assert_nothing_to_do(result, before, after, line):
     assert not rewritten, f"written: {rewritten}\n{output[-3000:]}"
     assert "num_updates=" not in output, output[-3000:]  # not a single update
     assert output.count(line) == 1 and line in output.splitlines(), output[-3000:]
-
-
-def num_updates(state):
-    return state["optimizer_history"][-1]["num_updates"]
 
 
 def assert_same_training(path, reference):

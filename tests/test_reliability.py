@@ -19,7 +19,7 @@ import helpers
 import pytest
 import torch
 from helpers import (TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, first_non_finite_module, free_port,
-                     needs_native_bf16, run)
+                     needs_native_bf16, num_updates, run)
 
 from fairseq_plugins import checkpoints
 from fairseq_plugins.checkpoints import atomic_write, load_state, save_state
@@ -70,10 +70,6 @@ def assert_same(a, b, where="checkpoint"):
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
-
-
-def num_updates(state):
-    return state["optimizer_history"][-1]["num_updates"]
 
 
 # ------------------------------------------------------------------ atomic writes (in process)
