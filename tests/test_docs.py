@@ -1,0 +1,123 @@
+"""The README is a short front door, and every relative link in it and in docs/*.md leads somewhere:
+an existing file, and for ``file.md#anchor`` a heading of that file (GitHub's anchor rules)."""
+import re
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+README_MAX_LINES = 250
+
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HTML_LINK = re.compile(r"<(?:img|a)\b[^>]*?\b(?:src|href)=\"([^\"]+)\"", re.IGNORECASE)
+INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
+HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def prose_lines(text):
+    """(line number, line) of the lines outside fenced and indented code blocks."""
+    fence, previous_blank, in_indented = None, True, False
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        marker = re.match(r"(`{3,}|~{3,})", stripped)
+        if fence:
+            if marker and marker.group(1)[0] == fence[0] and len(marker.group(1)) >= len(fence):
+                fence = None
+            continue
+        if marker:
+            fence = marker.group(1)
+            continue
+        indented = line.startswith("    ") or line.startswith("\t")
+        if indented and (previous_blank or in_indented):
+            in_indented = True
+            continue  # an indented code block starts after a blank line and runs while lines stay indented
+        in_indented = False
+        previous_blank = not stripped
+        yield number, line
+
+
+def slug(heading):
+    """GitHub's anchor of a heading: the rendered text, lower case, without punctuation, spaces as hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link shows its text
+    text = text.replace("`", "").replace("**", "").replace("*", "")
+    text = re.sub(r"<[^>]+>", "", text).lower()
+    kept = "".join(c for c in text if c in " -_" or unicodedata.category(c)[0] in "LMN")
+    return kept.replace(" ", "-")
+
+
+def anchors(page):
+    """Every anchor GitHub gives the headings of ``page`` (a repeated heading gets -1, -2, ...)."""
+    seen, result = {}, set()
+    for _, line in prose_lines(page.read_text(encoding="utf-8")):
+        match = HEADING.match(line)
+        if match:
+            base = slug(match.group(2))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            result.add(base if count == 0 else f"{base}-{count}")
+    return result
+
+
+def links(page):
+    """(line number, target) of every link and image of ``page`` that points inside the repository."""
+    for number, line in prose_lines(page.read_text(encoding="utf-8")):
+        line = INLINE_CODE.sub("", line)
+        for match in list(LINK.finditer(line)) + list(HTML_LINK.finditer(line)):
+            target = match.group(1)
+            if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):  # http:, https:, mailto: are not checked
+                yield number, target
+
+
+def broken_links(page):
+    """One line per link of ``page`` that points to no file, or to no heading of a markdown file."""
+    problems = []
+    for number, target in links(page):
+        path, _, anchor = target.partition("#")
+        destination = (page.parent / path).resolve() if path else page
+        where = f"{page.relative_to(ROOT)}:{number}: {target}"
+        if not destination.exists():
+            problems.append(f"{where}: no such file")
+        elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
+            problems.append(f"{where}: no heading with that anchor in {destination.relative_to(ROOT)}")
+    return problems
+
+
+@pytest.mark.parametrize("heading, anchor", [
+    # anchors GitHub gives these headings (read off rendered pages)
+    ("Checkpoints under torch ≥ 2.6", "checkpoints-under-torch--26"),
+    ("bf16 / fp32 in real `fairseq-train` runs", "bf16--fp32-in-real-fairseq-train-runs"),
+    ("Reproducing the papers on WMT'14", "reproducing-the-papers-on-wmt14"),
+    ("A finished run stays finished (`fairseq_plugins/patches/finished_run.py`)",
+     "a-finished-run-stays-finished-fairseq_pluginspatchesfinished_runpy"),
+    ("Kill -9 and resume", "kill--9-and-resume"),
+])
+def test_slug_follows_githubs_rules(heading, anchor):
+    assert slug(heading) == anchor
+
+
+def test_the_checker_finds_a_broken_file_and_a_broken_anchor(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "other.md").write_text("# Title\n\n## A section\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](other.md#a-section) [gone](missing.md) [bad](other.md#nowhere)\n"
+                    "`[in code](missing.md)`\n\n    [indented code](missing.md)\n\n"
+                    "```\n[fenced](missing.md)\n```\n[self](#local) <img src=\"none.png\">\n\n## Local\n",
+                    encoding="utf-8")
+    assert broken_links(page) == [
+        "page.md:1: missing.md: no such file",
+        "page.md:1: other.md#nowhere: no heading with that anchor in other.md",
+        "page.md:9: none.png: no such file",
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    assert broken_links(page) == []
+
+
+def test_readme_is_a_front_door():
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/ (at most {README_MAX_LINES})"
