@@ -15,10 +15,12 @@ LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"
 HTML_LINK = re.compile(r"<(?:img|a)\b[^>]*?\b(?:src|href)=\"([^\"]+)\"", re.IGNORECASE)
 INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 
 
 def prose_lines(text):
-    """(line number, line) of the lines outside fenced and indented code blocks."""
+    """(line number, line) of the lines outside fenced and indented code blocks, HTML comments blanked."""
+    text = COMMENT.sub(lambda comment: "\n" * comment.group().count("\n"), text)  # not rendered: no links
     fence, previous_blank, in_indented = None, True, False
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.lstrip()
@@ -104,12 +106,14 @@ def test_the_checker_finds_a_broken_file_and_a_broken_anchor(tmp_path, monkeypat
     page = tmp_path / "page.md"
     page.write_text("[ok](other.md#a-section) [gone](missing.md) [bad](other.md#nowhere)\n"
                     "`[in code](missing.md)`\n\n    [indented code](missing.md)\n\n"
-                    "```\n[fenced](missing.md)\n```\n[self](#local) <img src=\"none.png\">\n\n## Local\n",
+                    "```\n[fenced](missing.md)\n```\n[self](#local) <img src=\"none.png\">\n\n## Local\n"
+                    "<!-- [a comment](missing.md)\n[still a comment](missing.md) -->\n[after](gone.md)\n",
                     encoding="utf-8")
     assert broken_links(page) == [
         "page.md:1: missing.md: no such file",
         "page.md:1: other.md#nowhere: no heading with that anchor in other.md",
         "page.md:9: none.png: no such file",
+        "page.md:14: gone.md: no such file",
     ]
 
 
