@@ -1,5 +1,6 @@
 """The README is a short front door, and every relative link in it and in docs/*.md leads somewhere:
 an existing file, and for ``file.md#anchor`` a heading of that file (GitHub's anchor rules)."""
+import ast
 import re
 import sys
 import unicodedata
@@ -125,3 +126,35 @@ def test_every_relative_link_resolves(page):
 def test_readme_is_a_front_door():
     lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/ (at most {README_MAX_LINES})"
+
+
+REGISTRATION = re.compile(r"register_(model_architecture|criterion|lr_scheduler|task)\(\s*\"\w+\"(?:\s*,\s*\"(\w+)\")?")
+
+
+def registered_names():
+    """Every name the package registers with fairseq, read from its source (architectures by their arch name)."""
+    names = set()
+    for source in (ROOT / "fairseq_plugins").rglob("*.py"):
+        for match in REGISTRATION.finditer(source.read_text(encoding="utf-8")):
+            names.add(match.group(2) or re.search(r"\"(\w+)\"", match.group(0)).group(1))
+    return names
+
+
+def console_scripts():
+    """The console scripts setup.py installs: its CONSOLE_SCRIPTS and fairseq_plugins_tools.TOOLS."""
+    names = set()
+    for path, variable in (("setup.py", "CONSOLE_SCRIPTS"), ("fairseq_plugins_tools.py", "TOOLS")):
+        tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+        assignment = next(node for node in tree.body if isinstance(node, ast.Assign)
+                          and any(getattr(target, "id", None) == variable for target in node.targets))
+        names |= set(ast.literal_eval(assignment.value))
+    return names
+
+
+def test_the_readme_names_every_registered_name_and_console_script():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w-]+)`", readme))
+    scripts = console_scripts()
+    assert "rnnsearch" in registered_names() and "fairseq-plugins-serve" in scripts  # the readers found the lists
+    assert sorted((registered_names() | scripts) - named) == []
+    assert sorted(name for name in named if name.startswith("fairseq-plugins-") and name not in scripts) == []
