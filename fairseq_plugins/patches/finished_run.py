@@ -35,9 +35,9 @@ def _finished(cfg, trainer, epoch_itr):
     return None
 
 
-def load_checkpoint(cfg, trainer, **kwargs):
+def load_checkpoint(cfg, trainer, **passthrough_args):
     """fairseq's resume; then the end of a run that is already finished."""
-    extra_state, epoch_itr = LOAD_CHECKPOINT(cfg, trainer, **kwargs)
+    extra_state, epoch_itr = LOAD_CHECKPOINT(cfg, trainer, **passthrough_args)
     # Only a training run's resume (not a fresh start, nor a caller with a stand-in trainer) can be finished.
     resumed_run = extra_state is not None and isinstance(trainer, Trainer)
     line = _finished(trainer.cfg, trainer, epoch_itr) if resumed_run else None

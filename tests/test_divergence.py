@@ -1,0 +1,129 @@
+"""--on-divergence (patches/divergence.py): a poisoned batch is skipped, or stops the run as before.
+
+The poison is test-only (tests/train_probe.py, PROBE_POISON=i): while the trainer works on the
+update holding sentence i, the encoder's token embedding outputs Inf. The oracle of a rollback is
+a run on the data without that update (PROBE_DROP=i: the probe never trains it) whose learning
+rate is multiplied by --divergence-lr-factor from that update on (the documented change, applied
+to the reference by restarting it there with --lr 0.002 x 0.5).
+"""
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import ONE_THREAD, USER_DIR, cli_env, free_port, num_updates
+
+from test_numerical_faults import cpu_cuda_call, fp16_trainer, same, snapshot  # noqa: F401  (a fixture)
+
+from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.errors import NumericalError
+
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
+POISON = "5"  # a sentence id
+TOTAL = 6
+
+
+def flags(data, save_dir, updates=TOTAL, lr=0.002):
+    return [data, "--user-dir", USER_DIR, "--arch", "vaswani_transformer_tiny", "--dropout", "0",
+            "--criterion", "label_smoothed_xent", "--optimizer", "adam", "--lr", str(lr), "--max-tokens", "600",
+            "--max-update", str(updates), "--seed", "1", "--save-dir", save_dir, "--disable-validation",
+            "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", "--cpu", "--no-epoch-checkpoints"]
+
+
+def train(args, workers=1, env=None):
+    """[(exit status, output)] of ``workers`` SLURM tasks (or one plain process) of the probe."""
+    cmd = [sys.executable, PROBE, *map(str, args)]
+    if workers > 1:
+        cmd += ["--distributed-port", str(free_port())]
+    procs = []
+    for rank in range(workers):
+        slurm = {"SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": str(workers), "SLURM_NNODES": "1",
+                 "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"} if workers > 1 else {}
+        procs.append(subprocess.Popen(cmd, env=cli_env({**ONE_THREAD, "PYTHONUNBUFFERED": "1", **(env or {}), **slurm}),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return [(p.wait(timeout=600), p.communicate()[0]) for p in procs]
+
+
+ROLLED_BACK = re.compile(r"update (\d+): the gradient norm is not finite; rolled back: the update is not applied "
+                         r"\(the model and optimizer are those of update (\d+)\), its batches are skipped \(sentence ids "
+                         r"on rank (\d): \[([\d, ]*)\]\), lr 0\.002 -> 0\.001 \(--divergence-lr-factor 0\.5\); "
+                         r"rollback 1 of --max-rollbacks 5$", re.M)
+
+
+@pytest.mark.slow
+def test_two_workers_roll_back_a_poisoned_update_and_end_as_a_run_without_it(data_bin, tmp_path):
+    """2 workers x --update-freq 1 with --on-divergence rollback; the reference is 1 process x
+    --update-freq 2 (the same global batches, bit-equal: tests/test_cluster.py) that never trains
+    the update holding the poisoned sentence, with lr 0.001 from that update on."""
+    save = str(tmp_path / "rollback")
+    runs = train([*flags(data_bin, save), "--on-divergence", "rollback"], workers=2, env={"PROBE_POISON": POISON})
+    assert [code for code, _ in runs] == [0, 0], runs[0][1][-3000:] + runs[1][1][-3000:]
+    found = [ROLLED_BACK.findall(out) for _, out in runs]
+    assert [len(f) for f in found] == [1, 1], runs[0][1][-3000:]
+    (update, before, rank0, ids0), (update1, _, rank1, ids1) = found[0][0], found[1][0]
+    assert update == update1 and int(before) == int(update) - 1 and (rank0, rank1) == ("0", "1")
+    assert POISON in (ids0 + ", " + ids1).split(", ")  # the skipped update held the poison
+    update = int(update)
+    assert 1 < update < TOTAL
+
+    reference = str(tmp_path / "reference")
+    drop = {"PROBE_DROP": POISON}
+    assert train([*flags(data_bin, reference, updates=update - 1), "--update-freq", 2], env=drop)[0][0] == 0
+    code, out = train([*flags(data_bin, reference, lr=0.001), "--update-freq", 2], env=drop)[0]
+    assert code == 0, out[-3000:]
+
+    a, b = load_state(os.path.join(reference, "checkpoint_last.pt")), load_state(os.path.join(save, "checkpoint_last.pt"))
+    assert num_updates(a) == num_updates(b) == TOTAL
+    for name in a["model"]:
+        assert torch.isfinite(b["model"][name]).all(), name
+        diff = (a["model"][name] - b["model"][name]).abs().max().item()
+        assert diff <= 1e-6, f"{name}: max |difference| {diff}"
+    assert b["extra_state"]["divergence"] == {"lr_scale": 0.5, "rollbacks": 1}
+
+
+def report(out):
+    lines = [line for line in out.splitlines() if line.strip()]
+    return lines[-1]
+
+
+@pytest.mark.slow
+def test_stop_is_fairseqs_behaviour_with_the_same_one_line_report(data_bin, tmp_path):
+    """--on-divergence stop (the default) ends with the very report of a run without the patch."""
+    env = {"PROBE_POISON": POISON}
+    on = train(flags(data_bin, str(tmp_path / "run")), env=env)[0]
+    off = train(flags(data_bin, str(tmp_path / "run")), env={**env, "FAIRSEQ_PLUGINS_DISABLE_PATCHES": "divergence"})[0]
+    assert on[0] == off[0] != 0
+    assert report(on[1]) == report(off[1]) and "Inf in the forward output of encoder.embed_tokens" in report(on[1])
+    assert "rolled back" not in on[1]
+
+
+# ------------------------------------------------------------------ fp16's loss-scale floor (fairseq's Trainer, CPU)
+
+@pytest.mark.parametrize("optimizer", ["FP16Optimizer", "MemoryEfficientFP16Optimizer"])
+def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_with_the_usual_report(
+        data_bin, tmp_path, caplog, cpu_cuda_call, optimizer):
+    """tests/test_numerical_faults.py's persistent overflow (weights x 1e4: scale 4 -> 2 -> 1, then the
+    floor): with rollback and --max-rollbacks 2, the floor twice rolls back (nothing applied, lr
+    halved each time), the third time ends with the report of a run without rollback."""
+    trainer, sample = fp16_trainer(data_bin, tmp_path, "vaswani_transformer_tiny", optimizer, "--fp16-init-scale", "4",
+                                   "--min-loss-scale", "0.5", "--on-divergence", "rollback", "--max-rollbacks", "2",
+                                   weight_scale=1e4)
+    start = snapshot(trainer)
+    caplog.set_level(logging.INFO)
+    for _ in range(2):  # fairseq's own overflow skips
+        trainer.train_step([sample])
+    for rollback, lr in ((1, 5e-4), (2, 2.5e-4)):
+        caplog.clear()
+        assert trainer.train_step([sample]) is None
+        assert (f"update 1: Minimum loss scale reached (0.5); rolled back: the update is not applied (the model and "
+                f"optimizer are those of update 0), its batches are skipped (sentence ids on rank 0: "
+                f"{list(range(16))}), lr {lr * 2:g} -> {lr:g} (--divergence-lr-factor 0.5); rollback {rollback} of "
+                f"--max-rollbacks 2") in caplog.messages
+        assert trainer.get_lr() == lr and same(snapshot(trainer), start) and trainer.get_num_updates() == 0
+    with pytest.raises(NumericalError) as error:
+        trainer.train_step([sample])
+    assert str(error.value).startswith("update 1: Minimum loss scale reached (0.5). Your loss is probably exploding.")
+    assert same(snapshot(trainer), start)

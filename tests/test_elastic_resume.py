@@ -1,0 +1,169 @@
+"""A run killed mid-epoch resumes on another number of workers (patches/elastic_resume.py).
+
+Every run is CPU gloo workers started as SLURM tasks (1 thread each, --dropout 0, one seed),
+under tests/train_probe.py, which records the sentence ids of every batch each worker actually
+trains on and kills every worker with SIGKILL right after the save of a chosen update. The
+oracle is an uninterrupted run of 2 workers x --update-freq 1; the counts of sentences come from
+the recorded batches, not from the code under test. The data is 7 batches per epoch
+(--max-tokens 600; checked from the records).
+"""
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq.data import data_utils
+from helpers import ONE_THREAD, USER_DIR, cli_env, free_port, num_updates
+
+from fairseq_plugins.checkpoints import load_state
+
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
+BATCHES = 7  # per epoch
+TOTAL = 8  # updates of 2 global batches (the 4th of an epoch has 1): 2 epochs
+KILLED_AT = 6  # epoch 2, after 4 of its 7 global batches
+
+
+def flags(data, save_dir, updates):
+    return [data, "--user-dir", USER_DIR, "--arch", "vaswani_transformer_tiny", "--dropout", "0",
+            "--criterion", "label_smoothed_xent", "--optimizer", "adam", "--lr", "0.002", "--max-tokens", "600",
+            "--max-update", str(updates), "--seed", "1", "--save-dir", save_dir, "--disable-validation",
+            "--no-progress-bar", "--log-interval", "1", "--num-workers", "0", "--cpu",
+            "--save-interval-updates", "2", "--no-epoch-checkpoints"]
+
+
+def train(data, save_dir, workers, update_freq, ids, kill_after=None, updates=TOTAL):
+    """``workers`` SLURM tasks (or one plain process); returns [(exit status, output)] per worker."""
+    env = {**ONE_THREAD, "PROBE_IDS": str(ids), "PYTHONUNBUFFERED": "1"}
+    if kill_after:
+        env["PROBE_KILL_AFTER"] = str(kill_after)
+    cmd = [sys.executable, PROBE, *flags(data, save_dir, updates), "--update-freq", str(update_freq)]
+    if workers > 1:
+        cmd += ["--distributed-port", str(free_port())]
+    procs = []
+    for rank in range(workers):
+        slurm = {"SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": str(workers), "SLURM_NNODES": "1",
+                 "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"} if workers > 1 else {}
+        procs.append(subprocess.Popen(cmd, env=cli_env({**env, **slurm}), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return [(p.wait(timeout=600), p.communicate()[0]) for p in procs]
+
+
+def batches(ids, until=None):
+    """{epoch: [(update, sorted ids of one batch), ...]} from the probe's files of every worker."""
+    found = collections.defaultdict(list)
+    folder, prefix = os.path.split(str(ids))
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(prefix + ".rank"):
+            for line in open(os.path.join(folder, name)):
+                epoch, update, batch = line.split()
+                if until is None or int(update) <= until:
+                    found[int(epoch)].append((int(update), tuple(sorted(map(int, batch.split(","))))))
+    return found
+
+
+def per_update(epoch_batches):
+    """{update: sorted ids of all its batches}: the global batch of each update."""
+    merged = collections.defaultdict(list)
+    for update, batch in epoch_batches:
+        merged[update].extend(batch)
+    return {update: sorted(ids) for update, ids in merged.items()}
+
+
+def train_sentences(data):
+    return len(data_utils.load_indexed_dataset(os.path.join(data, "train.src-tgt.src"), None))
+
+
+def assert_every_sentence_once(runs, epoch, sentences):
+    seen = collections.Counter(i for found in runs for _, batch in found.get(epoch, []) for i in batch)
+    twice, missing = sorted(i for i, n in seen.items() if n > 1), sorted(set(range(sentences)) - set(seen))
+    assert not twice and not missing, f"epoch {epoch}: seen twice {twice[:10]}, never {missing[:10]}"
+
+
+def assert_killed(result):
+    assert [code for code, _ in result] == [-signal.SIGKILL] * len(result), result[0][1][-3000:]
+
+
+def assert_trained(result):
+    assert [code for code, _ in result] == [0] * len(result), result[0][1][-3000:]
+    return result[0][1]
+
+
+def assert_same_weights(path, reference, exact):
+    a, b = load_state(reference), load_state(path)
+    assert num_updates(a) == num_updates(b) == TOTAL
+    for name in a["model"]:
+        diff = (a["model"][name] - b["model"][name]).abs().max().item()
+        assert diff <= 1e-6, f"{name}: max |difference| {diff}"
+        if exact:
+            assert torch.equal(a["model"][name], b["model"][name]), f"{name}: max |difference| {diff}"
+
+
+@pytest.fixture(scope="module")
+def reference(data_bin, tmp_path_factory):
+    """The uninterrupted run: 2 workers x --update-freq 1, TOTAL updates; (checkpoint, its batches)."""
+    root = tmp_path_factory.mktemp("reference")
+    assert_trained(train(data_bin, str(root / "save"), 2, 1, root / "ids"))
+    return str(root / "save" / "checkpoint_last.pt"), batches(root / "ids")
+
+
+RESUMED = re.compile(r"resumed epoch (\d+) after (\d+) of its (\d+) global batches \((\d+) of (\d+) sentences\), "
+                     r"written by (\d+) workers? x --update-freq (\d+); the remaining (\d+) batches are split among "
+                     r"(\d+) workers? x --update-freq (\d+), (.*)$", re.M)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [((2, 1), (1, 2)), ((1, 2), (2, 1))], ids=["2x1 to 1x2", "1x2 to 2x1"])
+def test_a_kill_mid_epoch_resumed_on_other_workers_follows_the_uninterrupted_run(data_bin, reference, tmp_path,
+                                                                                  before, after):
+    """Same global batch (2 per update), other workers: the resumed run trains on the same global
+    batches, update by update, as the uninterrupted one, sees every sentence once per epoch, and
+    ends with the same weights. Bit-equal: a global batch's gradient is the sum of its two batches'
+    gradients either way (gloo's all-reduce of 2 workers or fairseq's accumulation in one process,
+    a + b), as tests/test_cluster.py shows for uninterrupted runs."""
+    save, killed_ids, resumed_ids = str(tmp_path / "save"), tmp_path / "killed", tmp_path / "resumed"
+    assert_killed(train(data_bin, save, *before, killed_ids, kill_after=KILLED_AT))
+    assert num_updates(load_state(os.path.join(save, "checkpoint_last.pt"))) == KILLED_AT
+    log = assert_trained(train(data_bin, save, *after, resumed_ids))
+
+    line = RESUMED.search(log)
+    assert line, log[-3000:]
+    assert line.groups()[:3] == ("2", "4", str(BATCHES))
+    assert line.groups()[5:10] == (*map(str, before), str(BATCHES - 4), *map(str, after))
+    assert line.group(11) == "2 per update as before: the same global batches as an uninterrupted run"
+    ref_checkpoint, ref_batches = reference
+    runs = [batches(killed_ids, until=KILLED_AT), batches(resumed_ids)]
+    sentences = train_sentences(data_bin)
+    assert len(ref_batches[1]) == len(ref_batches[2]) == BATCHES
+    for epoch in (1, 2):
+        assert_every_sentence_once(runs, epoch, sentences)
+        combined = per_update(runs[0].get(epoch, []) + runs[1].get(epoch, []))
+        assert combined == per_update(ref_batches[epoch])
+    assert int(line.group(4)) == sum(len(b) for _, b in runs[0][2])  # the line's count: sentences consumed
+    assert_same_weights(os.path.join(save, "checkpoint_last.pt"), ref_checkpoint, exact=True)
+
+
+@pytest.mark.slow
+def test_three_workers_resumed_on_two_see_every_sentence_once_and_say_the_continuation_is_not_exact(data_bin,
+                                                                                                     tmp_path):
+    """3 workers x 1 -> 2 workers x 1: no update of 2 workers consumes 3 global batches, so the
+    updates group the remaining batches otherwise (one line says so); every sentence of the epoch
+    is still seen exactly once. 7 batches: 3 updates per epoch for 3 workers; killed after update
+    4, 3 batches into epoch 2; the 4 left take 2 updates of 2 workers."""
+    save, killed_ids, resumed_ids = str(tmp_path / "save"), tmp_path / "killed", tmp_path / "resumed"
+    assert_killed(train(data_bin, save, 3, 1, killed_ids, kill_after=4))
+    log = assert_trained(train(data_bin, save, 2, 1, resumed_ids, updates=6))
+    line = RESUMED.search(log)
+    assert line, log[-3000:]
+    assert line.groups()[:3] == ("2", "3", str(BATCHES)) and line.groups()[5:10] == ("3", "1", "4", "2", "1")
+    assert line.group(11).startswith("2 per update instead of 3: an exact continuation is impossible")
+    runs = [batches(killed_ids, until=4), batches(resumed_ids)]
+    sentences = train_sentences(data_bin)
+    for epoch in (1, 2):
+        assert_every_sentence_once(runs, epoch, sentences)
+    assert len(runs[0][1]) == BATCHES
+    assert sorted({update for update, _ in runs[1][2]}) == [5, 6]
+    assert num_updates(load_state(os.path.join(save, "checkpoint_last.pt"))) == 6
