@@ -335,3 +335,31 @@ def test_bad_input_is_refused_by_name_and_nothing_is_written(plain, generation_m
     refused([checkpoint, out_dir], "--force", capsys)
     export_in_process(checkpoint, str(out_dir), force=True, beam=2)  # replaces an exported folder
     assert load_strict(str(out_dir)).generation_config.num_beams == 2
+
+
+def _rebuilt(checkpoint, path, **options):
+    """``checkpoint`` with model ``options`` changed and fresh weights of the shapes they give."""
+    from fairseq import tasks
+
+    state = torch.load(checkpoint, weights_only=False)
+    for key, value in options.items():
+        setattr(state["cfg"]["model"], key, value)
+    torch.manual_seed(0)
+    state["model"] = tasks.setup_task(state["cfg"]["task"]).build_model(state["cfg"]["model"]).state_dict()
+    torch.save(state, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"encoder_learned_pos": True}, "--encoder-learned-pos: not exported"),
+    ({"decoder_learned_pos": True}, "--decoder-learned-pos: not exported"),
+    ({"decoder_embed_dim": 48}, "--encoder-embed-dim 32 differs from --decoder-embed-dim 48"),
+    ({"encoder_embed_dim": 33, "decoder_embed_dim": 33, "encoder_attention_heads": 3, "decoder_attention_heads": 3},
+     "--encoder-embed-dim 33 is odd"),
+], ids=["encoder-learned-pos", "decoder-learned-pos", "two-widths", "odd-d-model"])
+def test_the_models_transformers_cannot_compute_are_refused(options, fragment, generation_models, tmp_path, capsys):
+    """The README's refusals, each on a checkpoint fairseq loads (the session's separate-embedding
+    model rebuilt with the option): one line naming the option, nothing written."""
+    checkpoint = _rebuilt(generation_models["vaswani_transformer"], tmp_path / "model.pt", **options)
+    refused([checkpoint, tmp_path / "out"], fragment, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
