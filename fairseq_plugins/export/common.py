@@ -49,7 +49,7 @@ def model_family(options: Namespace, checkpoint: str, families: Iterable[str], t
     family = ARCH_MODEL_NAME_REGISTRY.get(arch)
     if family not in families:
         raise CheckpointError(f"{checkpoint}: architecture {arch!r} (model {family!r}) is not exported to "
-                              f"{target}; only {', '.join(families)} are")
+                              f"{target}, which takes {', '.join(families)} only")
     return family
 
 
