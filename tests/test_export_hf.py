@@ -340,12 +340,13 @@ def test_bad_input_is_refused_by_name_and_nothing_is_written(plain, generation_m
 def _rebuilt(checkpoint, path, **options):
     """``checkpoint`` with model ``options`` changed and fresh weights of the shapes they give."""
     from fairseq import tasks
+    from omegaconf import OmegaConf
 
     state = torch.load(checkpoint, weights_only=False)
     for key, value in options.items():
         setattr(state["cfg"]["model"], key, value)
     torch.manual_seed(0)
-    state["model"] = tasks.setup_task(state["cfg"]["task"]).build_model(state["cfg"]["model"]).state_dict()
+    state["model"] = tasks.setup_task(OmegaConf.create(state["cfg"]["task"])).build_model(state["cfg"]["model"]).state_dict()
     torch.save(state, path)
     return str(path)
 
