@@ -190,3 +190,20 @@ def pre_2019_layout(state):
 def num_updates(state):
     """The update count of a loaded checkpoint state."""
     return state["optimizer_history"][-1]["num_updates"]
+
+
+def assert_beam_agrees(found, expected, max_len):
+    """``found`` and ``expected``: {sentence id: (hypothesis, score in bits)} of two beam searches.
+    Every hypothesis equal, its score within 1e-3 bits, except where one of the two reaches the
+    length limit (``max_len`` tokens): there the order in which the searches cut their beams
+    decides. Returns the ids of those."""
+    assert expected.keys() == found.keys()
+    at_limit = []
+    for i, (text, score) in sorted(found.items()):
+        want_text, want_score = expected[i]
+        if text != want_text:
+            assert max(len(text.split()), len(want_text.split())) >= max_len, (i, text, want_text)
+            at_limit.append(i)
+        else:
+            assert abs(score - want_score) < 1e-3, (i, text, score, want_score)
+    return at_limit

@@ -7,10 +7,10 @@ same token ids), and the suite's text route (fairseq-plugins-tokenize, subword-n
 sentencepiece, fairseq-preprocess, fairseq-generate --remove-bpe, detokenize) against
 ``pipeline("translation")`` on raw text.
 """
+import math
 import os
 import re
 import shutil
-import sys
 
 import pytest
 import torch
@@ -24,7 +24,7 @@ from fairseq_plugins.data.synthetic_corpus import preprocess_args
 from fairseq_plugins.errors import CheckpointError
 from fairseq_plugins.export.hf import export as export_in_process
 from fairseq_plugins.export.hf import load_model, load_strict
-from helpers import ONE_THREAD, USER_DIR, cli_env, in_parallel, make_corpus, preprocess, run, train
+from helpers import BIN, ONE_THREAD, USER_DIR, assert_beam_agrees, in_parallel, make_corpus, preprocess, run, train
 
 pytestmark = pytest.mark.slow
 
@@ -43,14 +43,11 @@ LAYOUTS = {  # name: (data, checkpoint trained with, --fairseq-positions, transf
 EXTRA_RAW = ["The ka, to mi!", "sen-dol (pa) \"vik\" ne's sho.", "bar & lu ... tek?"]
 
 
-def export_command():
-    """The installed command, or its module before the suite is reinstalled with it."""
-    path = shutil.which(EXPORT, path=cli_env()["PATH"])
-    return [path] if path else [sys.executable, "-m", "fairseq_plugins.cli.export_hf"]
-
-
 def export(*args):
-    return run([*export_command(), *args])
+    """The console script pip installed, as a user runs it."""
+    command = os.path.join(BIN, EXPORT)
+    assert os.path.isfile(command), f"{command} is not installed: pip install -e . (scripts/setup_env.sh does)"
+    return run([command, *args])
 
 
 def refused(args, fragment, capsys):
@@ -185,22 +182,25 @@ def test_generate_beam_4_gives_fairseq_generate_hypotheses_from_the_same_ids(pla
     checkpoint, model_dir = plain
     out = run(["fairseq-generate", corpora["test100"], "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "4",
                "--batch-size", "50", "--cpu", "--num-workers", "0"])
-    expected = {int(i): hyp for i, hyp in re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, re.M)}
-    _, _, task = load_model(checkpoint, corpora["test100"])
+    # fairseq prints log2-probability / length
+    expected = {int(i): (hyp, float(score)) for i, score, hyp in re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", out, re.M)}
+    _, model, task = load_model(checkpoint, corpora["test100"])
     task.load_dataset("test")
     dataset, d = task.dataset("test"), task.target_dictionary
     assert len(dataset) == 100
     hf = load_strict(model_dir)
     assert hf.generation_config.num_beams == 4 and hf.generation_config.early_stopping is True
-    same = 0
+    found = {}
     for start in range(0, 100, 25):
         ids = list(range(start, start + 25))
         src = _batch(dataset, ids, d.pad(), left=False)
-        with torch.no_grad():
-            output = hf.generate(input_ids=src, attention_mask=src.ne(d.pad()).long())  # the folder's config
-        for i, row in zip(ids, output.tolist()):
-            same += d.string(torch.tensor(row), extra_symbols_to_ignore={d.pad()}) == expected[i]
-    assert same >= 95, same
+        with torch.no_grad():  # the folder's generation config
+            output = hf.generate(input_ids=src, attention_mask=src.ne(d.pad()).long(), output_scores=True,
+                                 return_dict_in_generate=True)
+        for i, row, score in zip(ids, output.sequences.tolist(), output.sequences_scores.tolist()):
+            found[i] = (d.string(torch.tensor(row), extra_symbols_to_ignore={d.pad()}), score / math.log(2))
+    # 100/100 equal when measured
+    assert assert_beam_agrees(found, expected, max_len=min(200, model.decoder.max_positions() - 1)) == []
 
 
 def _suite_route(tmp, data, checkpoint, raw_lines, bpe_codes=None, spm_model=None):
@@ -335,3 +335,32 @@ def test_bad_input_is_refused_by_name_and_nothing_is_written(plain, generation_m
     refused([checkpoint, out_dir], "--force", capsys)
     export_in_process(checkpoint, str(out_dir), force=True, beam=2)  # replaces an exported folder
     assert load_strict(str(out_dir)).generation_config.num_beams == 2
+
+
+def _rebuilt(checkpoint, path, **options):
+    """``checkpoint`` with model ``options`` changed and fresh weights of the shapes they give."""
+    from fairseq import tasks
+    from omegaconf import OmegaConf
+
+    state = torch.load(checkpoint, weights_only=False)
+    for key, value in options.items():
+        setattr(state["cfg"]["model"], key, value)
+    torch.manual_seed(0)
+    state["model"] = tasks.setup_task(OmegaConf.create(state["cfg"]["task"])).build_model(state["cfg"]["model"]).state_dict()
+    torch.save(state, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"encoder_learned_pos": True}, "--encoder-learned-pos: not exported"),
+    ({"decoder_learned_pos": True}, "--decoder-learned-pos: not exported"),
+    ({"decoder_embed_dim": 48}, "--encoder-embed-dim 32 differs from --decoder-embed-dim 48"),
+    ({"encoder_embed_dim": 33, "decoder_embed_dim": 33, "encoder_attention_heads": 3, "decoder_attention_heads": 3},
+     "--encoder-embed-dim 33 is odd"),
+], ids=["encoder-learned-pos", "decoder-learned-pos", "two-widths", "odd-d-model"])
+def test_the_models_transformers_cannot_compute_are_refused(options, fragment, generation_models, tmp_path, capsys):
+    """The README's refusals, each on a checkpoint fairseq loads (the session's separate-embedding
+    model rebuilt with the option): one line naming the option, nothing written."""
+    checkpoint = _rebuilt(generation_models["vaswani_transformer"], tmp_path / "model.pt", **options)
+    refused([checkpoint, tmp_path / "out"], fragment, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]

@@ -26,7 +26,7 @@ import fairseq_plugins  # noqa: F401  (registers the models)
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.export.hf import export as export_hf
 from fairseq_plugins.export.hf.rnn import MODELING_FILE, check_supported, write_model
-from helpers import USER_DIR, make_corpus, run
+from helpers import USER_DIR, assert_beam_agrees, make_corpus, run
 
 FAMILIES = ("rnnsearch", "rnnencdec", "seq2seq_lstm")
 # fairseq-generate --beam 4's search in transformers' generate (the defaults --max-len-b 200, --lenpen 1,
@@ -219,11 +219,9 @@ def test_beam_search_gives_the_hypotheses_of_fairseq_generate(family, exported, 
     data, hypotheses = beam_oracle
     found = hf_hypotheses(exported[family], data, **FAIRSEQ_BEAM_4)
     assert len(found) == len(hypotheses[family]) == 100
-    same = [i for i, (text, _) in enumerate(found) if text == hypotheses[family][i][1]]
-    print(f"{family}: {len(same)}/100 hypotheses equal to fairseq-generate --beam 4")
-    assert len(same) >= 95
-    for i in same:  # fairseq prints log2-probability / length
-        assert abs(found[i][1] - hypotheses[family][i][0]) < 1e-3
+    # fairseq prints log2-probability / length; 100/100 equal when measured
+    expected = {i: (text, score) for i, (score, text) in hypotheses[family].items()}
+    assert assert_beam_agrees(dict(enumerate(found)), expected, max_len=200) == []
 
 
 def test_transformers_default_stopping_is_not_fairseqs(exported, beam_oracle):

@@ -3,17 +3,23 @@ concurrency and load; bad input, SIGTERM and disconnecting clients.
 
 Oracles: fairseq's hub interface (``from_pretrained`` + ``generate``, soft alignments from its
 ``SequenceGeneratorWithAlignment``) and ``ctranslate2.Translator.translate_batch``, each given one
-sentence alone, in this process; sacremoses for the preprocessing.
+sentence alone, in this process; sacremoses for the preprocessing; fairseq's Moses encoder on the
+hub for the detokenized text.
 """
+import json
 import os
+import signal
+import socket
 import threading
 import time
+from argparse import Namespace
 
 import ctranslate2
 import httpx
 import pytest
+from fairseq.data import encoders
 from fairseq.models import BaseFairseqModel
-from helpers import ONE_THREAD, run
+from helpers import BIN, ONE_THREAD, run
 from sacremoses import MosesTokenizer
 
 from fairseq_plugins.benchmarks.serve import ServerProcess, run_load
@@ -27,9 +33,14 @@ OPTIONS = [{"beam": 1}, {}, {"beam": 4, "n_best": 3}, {"beam": 2, "alignment": T
            {"beam": 3, "n_best": 2, "alignment": True}]
 
 
-def start(model, *flags, tmp_path_factory, name):
+SERVE = os.path.join(BIN, "fairseq-plugins-serve")  # the console script pip installed
+
+
+def start(model, *flags, tmp_path_factory, name, installed=False):
     log = str(tmp_path_factory.mktemp("serve") / f"{name}.log")
-    return ServerProcess(model, flags, log=log, env=ONE_THREAD)
+    if installed:
+        assert os.path.isfile(SERVE), f"{SERVE} is not installed: pip install -e . (scripts/setup_env.sh does)"
+    return ServerProcess(model, flags, log=log, env=ONE_THREAD, **({"command": [SERVE]} if installed else {}))
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +95,32 @@ def hub_oracle(checkpoint, data):
     return translate
 
 
-def ct2_oracle(folder):
+def moses_hub(checkpoint, data):
+    """fairseq's route for the CTranslate2 server's flags: the hub interface with fairseq's
+    ``--tokenizer moses --source-lang en --target-lang fr`` encoder (set after loading: as an
+    override, the languages would also rename the task's dictionaries)."""
+    hub = BaseFairseqModel.from_pretrained(os.path.dirname(checkpoint), checkpoint_file=os.path.basename(checkpoint),
+                                           data_name_or_path=data).eval()
+    hub.tokenizer = encoders.build_tokenizer(Namespace(tokenizer="moses", source_lang="en", target_lang="fr",
+                                                       moses_no_dash_splits=False, moses_no_escape=False))
+    return hub
+
+
+def fairseq_text(hub, tokens):
+    """fairseq's detokenized string of target ``tokens``: ``hub.decode`` of their ids."""
+    return hub.decode(hub.tgt_dict.encode_line(" ".join(tokens), add_if_not_exist=False, append_eos=False).long())
+
+
+def ct2_oracle(folder, hub=None):
+    """CTranslate2 on one sentence of Moses tokens; with ``hub``, the text is fairseq's detokenized string."""
     translator = ctranslate2.Translator(folder, inter_threads=1, intra_threads=1)
+    tokenize = hub.tokenizer.encode if hub is not None else (lambda sentence: sentence)
 
     def translate(sentence, beam=4, n_best=1, alignment=False):
-        r = translator.translate_batch([sentence.split()], beam_size=beam, num_hypotheses=n_best, return_scores=True,
-                                       return_attention=alignment, max_decoding_length=200)[0]
-        return [{"tokens": tokens, "score": score, **({"alignment": r.attention[k]} if alignment else {})}
+        r = translator.translate_batch([tokenize(sentence).split()], beam_size=beam, num_hypotheses=n_best,
+                                       return_scores=True, return_attention=alignment, max_decoding_length=200)[0]
+        return [{"tokens": tokens, "score": score, **({"alignment": r.attention[k]} if alignment else {}),
+                 **({"text": fairseq_text(hub, tokens)} if hub is not None else {})}
                 for k, (tokens, score) in enumerate(zip(r.hypotheses, r.scores))]
     return translate
 
@@ -155,10 +185,11 @@ def test_concurrent_clients_get_what_translating_alone_gives(family, generation_
     check_answers(server, concurrent_requests(sources, 30), hub_oracle(generation_models[family], data_bin))
 
 
-def test_ctranslate2_folder_concurrent_and_under_load(ct2_server, ct2_dir, sources):
-    """The CTranslate2 folder, with Moses preprocessing: 30 concurrent mixed requests, then 16
-    clients x 50 requests: none lost, none answered with another's translation."""
-    oracle = ct2_oracle(ct2_dir)
+def test_ctranslate2_folder_concurrent_and_under_load(ct2_server, ct2_dir, generation_models, data_bin, sources):
+    """The CTranslate2 folder, with Moses preprocessing: 30 concurrent mixed requests (each text
+    fairseq's detokenized string of its tokens), then 16 clients x 50 requests: none lost, none
+    answered with another's translation."""
+    oracle = ct2_oracle(ct2_dir, moses_hub(generation_models["vaswani_transformer"], data_bin))
     check_answers(ct2_server, concurrent_requests(sources, 30), oracle)
     payloads = [{"text": sources[i % len(sources)], "beam": 1 + i % 4} for i in range(480)]
     expected = {(p["text"], p["beam"]): oracle(p["text"], beam=p["beam"])[0]["tokens"] for p in payloads}
@@ -175,10 +206,14 @@ def test_ctranslate2_folder_concurrent_and_under_load(ct2_server, ct2_dir, sourc
     assert after["failed_batches"] == 0
 
 
-def test_moses_preprocessing_and_detokenization(ct2_server):
+def test_moses_preprocessing_and_detokenization(ct2_server, ct2_dir, generation_models, data_bin):
     text = "the netekka, tekluka barneto \"the\" dolmivik!"
     answer = httpx.post(ct2_server.url + "/translate", json={"text": text}).json()["translations"][0]
     assert answer["source_tokens"] == MosesTokenizer("en").tokenize(text, aggressive_dash_splits=True, escape=True)
+    hub = moses_hub(generation_models["vaswani_transformer"], data_bin)
+    expected = ct2_oracle(ct2_dir, hub)(text)[0]
+    assert answer["tokens"] == expected["tokens"]
+    assert answer["text"] == expected["text"] == hub.translate(text, beam=4)
     assert ct2_server.get("/info")["preprocessing"] == {"tokenizer": "moses", "bpe": None}
 
 
@@ -246,50 +281,84 @@ def test_health_info_alignment_rows_and_n_best(transformer_server, rnnsearch_ser
             assert scores == sorted(scores, reverse=True)
 
 
-def test_a_client_disconnecting_mid_request_does_not_break_its_batch(transformer_server, sources):
-    """Eight requests arrive within the batching window; one client gives up after 20 ms."""
-    expected = [httpx.post(transformer_server.url + "/translate", json={"text": s}).json() for s in sources[:8]]
-    before = transformer_server.get("/health")["batching"]
-    results = [None] * 8
+def wait_for(condition, timeout=30, what="the condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.02)
+
+
+def send_raw(server, payload):
+    """A connected socket that has sent a whole ``POST /translate`` and reads nothing."""
+    body = json.dumps(payload).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+def post_in_threads(url, texts, timeout=120):
+    """One thread per text posting it; (threads, results: responses or exceptions in text order)."""
+    results = [None] * len(texts)
 
     def client(i):
         try:
-            results[i] = httpx.post(transformer_server.url + "/translate", json={"text": sources[i]},
-                                    timeout=0.02 if i == 3 else 60).json()
-        except httpx.TimeoutException as e:
+            results[i] = httpx.post(url + "/translate", json={"text": texts[i]}, timeout=timeout)
+        except httpx.HTTPError as e:
             results[i] = e
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(texts))]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
-    assert isinstance(results[3], httpx.TimeoutException)
-    for i in set(range(8)) - {3}:
-        assert_same_answer(results[i], expected[i])
-    after = transformer_server.get("/health")["batching"]
-    assert after["failed_batches"] == before["failed_batches"] == 0
-    assert after["batches"] - before["batches"] < 8  # they were batched together
-    assert after["sentences"] - before["sentences"] >= 7
-    assert_same_answer(httpx.post(transformer_server.url + "/translate", json={"text": sources[3]}).json(), expected[3])
+    return threads, results
 
 
-def test_sigterm_answers_the_requests_in_flight_then_exits_0(ct2_dir, sources, tmp_path_factory):
-    server = start(ct2_dir, "--max-delay-ms", "1500", tmp_path_factory=tmp_path_factory, name="sigterm")
-    try:
-        results = [None] * 12
-
-        def client(i):
-            results[i] = httpx.post(server.url + "/translate", json={"text": sources[i]}, timeout=60)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+def test_a_client_disconnecting_mid_request_does_not_break_its_batch(ct2_dir, sources, tmp_path_factory):
+    """Eight sentences wait in one batching window (5 s); the client of one of them closes its
+    connection once its request is queued. The batch of eight is decoded, the abandoned
+    sentence included, and the seven others get what translating alone gives."""
+    oracle = ct2_oracle(ct2_dir)
+    with start(ct2_dir, "--max-delay-ms", "5000", tmp_path_factory=tmp_path_factory, name="disconnect") as server:
+        before = server.get("/health")["batching"]
+        abandoned = send_raw(server, {"text": sources[3]})
+        wait_for(lambda: server.get("/health")["waiting"] == 1, what="the abandoned request queued")
+        others = [sources[i] for i in range(8) if i != 3]
+        threads, results = post_in_threads(server.url, others)
+        wait_for(lambda: server.get("/health")["waiting"] == 8, what="all eight queued")
+        abandoned.close()  # the request was sent whole and is waiting: a certain disconnect
         for t in threads:
-            t.start()
-        deadline = time.monotonic() + 30
-        while server.get("/health")["waiting"] < 12:  # all twelve queued, none answered yet
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert server.terminate(timeout=60) == 0
+            t.join()
+        for text, response in zip(others, results):
+            assert response.status_code == 200, response
+            assert response.json()["translations"][0]["tokens"] == oracle(text)[0]["tokens"]
+        after = server.get("/health")["batching"]
+        assert after["failed_batches"] == 0
+        assert (after["batches"] - before["batches"], after["sentences"] - before["sentences"]) == (1, 8)
+        assert after["largest_batch"] == 8  # the abandoned sentence was decoded with the others
+        answer = httpx.post(server.url + "/translate", json={"text": sources[3]}, timeout=60).json()
+        assert answer["translations"][0]["tokens"] == oracle(sources[3])[0]["tokens"]
+
+
+def test_sigterm_answers_the_requests_in_flight_refuses_new_connections_then_exits_0(ct2_dir, sources,
+                                                                                      tmp_path_factory):
+    """Twelve sentences wait (5 s window); SIGTERM: new connections are refused while the twelve
+    still wait, then all twelve are answered, in one batch, and the server exits with 0."""
+    server = start(ct2_dir, "--max-delay-ms", "5000", tmp_path_factory=tmp_path_factory, name="sigterm")
+    try:
+        threads, results = post_in_threads(server.url, sources[:12])
+        wait_for(lambda: server.get("/health")["waiting"] == 12, what="all twelve queued, none answered")
+        server.process.send_signal(signal.SIGTERM)
+
+        def refused():
+            try:
+                httpx.get(server.url + "/health", timeout=5)
+            except httpx.ConnectError:
+                return True
+            return False
+
+        wait_for(refused, what="new connections refused after SIGTERM")
+        assert all(t.is_alive() for t in threads) and results == [None] * 12  # still draining
+        assert server.process.wait(60) == 0
         for t in threads:
             t.join()
         oracle = ct2_oracle(ct2_dir)
@@ -297,10 +366,59 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(ct2_dir, sources, t
         served = [r.json()["translations"][0]["tokens"] for r in results]
         assert served == [oracle(s)[0]["tokens"] for s in sources[:12]]
         assert "served 12 sentences in 1 batches" in server.log()
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(server.url + "/health")
     finally:
         server.stop()
+
+
+def test_graceful_timeout_ends_a_request_that_would_outlast_it(ct2_dir, sources, tmp_path_factory):
+    """The installed fairseq-plugins-serve, --graceful-timeout 2: a sentence that would wait 10
+    minutes for its batch is given up 2 s after SIGTERM, and the server still exits with 0."""
+    server = start(ct2_dir, "--max-delay-ms", "600000", "--graceful-timeout", "2", tmp_path_factory=tmp_path_factory,
+                   name="graceful", installed=True)
+    try:
+        assert server.get("/info")["backend"] == "ctranslate2"
+        threads, results = post_in_threads(server.url, sources[:1])
+        wait_for(lambda: server.get("/health")["waiting"] == 1, what="the request queued")
+        signalled = time.monotonic()
+        assert server.terminate(timeout=60) == 0
+        waited = time.monotonic() - signalled
+        threads[0].join()
+        assert 2 <= waited < 30, waited
+        assert not isinstance(results[0], httpx.Response) or results[0].status_code != 200, results[0]
+        assert "timeout graceful shutdown exceeded" in server.log()
+        assert "served 0 sentences in 0 batches" in server.log()
+    finally:
+        server.stop()
+
+
+def test_benchmark_serve_takes_server_flags_after_dashes_as_its_help_shows(ct2_dir, sources, tmp_path):
+    """``fairseq-plugins-benchmark-serve MODEL --sentences F -- --threads 1`` as typed, installed;
+    each form its --help shows parses; a wrong server flag is refused in one line before any server starts."""
+    from fairseq_plugins.cli import benchmark_serve
+
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("\n".join(sources[:4]) + "\n")
+    help_text = run(["fairseq-plugins-benchmark-serve", "--help"])
+    usage = " ".join(help_text[help_text.index("usage: "):].split("\n\n")[0].split())  # after any log lines
+    assert usage == ("usage: fairseq-plugins-benchmark-serve [-h] MODEL --sentences FILE [--clients N] [--requests N] "
+                     "[--beam N] [--out FILE] [-- SERVER FLAGS ...]")
+    assert "-- --max-delay-ms 10 --threads 2" in " ".join(help_text.split())
+    parse = benchmark_serve.get_parser().parse_args
+    assert parse(["m", "--sentences", "f"]).server_flags == []
+    assert parse(["m", "--sentences", "f", "--clients", "2", "--", "--max-delay-ms", "10", "--threads", "2"]) \
+        .server_flags == ["--max-delay-ms", "10", "--threads", "2"]
+
+    out = run(["fairseq-plugins-benchmark-serve", ct2_dir, "--sentences", sentences, "--clients", "2",
+               "--requests", "4", "--out", tmp_path / "table.md", "--", "--threads", "1"], env=ONE_THREAD)
+    rows = [line for line in out.splitlines() if line.startswith("|")]
+    assert rows[2].startswith("| unbatched (--max-batch-tokens 1) | 4/4 |")
+    assert rows[3].startswith("| batched (--threads 1) | 4/4 |")
+    assert (tmp_path / "table.md").read_text().strip() == "\n".join(rows)
+    proc = run(["fairseq-plugins-benchmark-serve", ct2_dir, "--sentences", sentences, "--", "--no-such-flag", "1"],
+               check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == \
+        "fairseq-plugins-benchmark-serve: error: server flag: unrecognized arguments: --no-such-flag 1"
 
 
 def test_bad_model_is_refused_in_one_line(tmp_path):

@@ -1,9 +1,13 @@
 """The page at ``/`` in headless Chromium (Debian's package, driven by Playwright): type a
 sentence, wait for the translation; it must equal the API's, and the heat-map must have one row
-per target token and one column per source token. The screenshot is kept under pytest's
+per target token and one column per source token, each cell drawn from the API's alignment
+weight w: its colour (computed by the browser) the shade round(255 (1 - w)) of blue, its title
+the two tokens and w, and the darkest cell of each row the row's largest weight. The screenshot is kept under pytest's
 temporary directory, and written to ``$SERVE_SCREENSHOT`` too when that is set (how
 docs/serve-screenshot.png was made)."""
+import math
 import os
+import re
 import shutil
 
 import httpx
@@ -44,9 +48,30 @@ def test_page_translates_and_draws_the_alignment(generation_models, corpus_dir, 
             assert all(rows.nth(i).locator("td").count() == len(expected["source_tokens"]) for i in range(rows.count()))
             assert page.locator("#heatmap thead th").count() == 1 + len(expected["source_tokens"])
             assert "rnnsearch" in page.inner_text("#model")
+            drawn = page.eval_on_selector_all(
+                "#heatmap tbody tr", "rows => rows.map(r => [...r.querySelectorAll('td')].map("
+                                     "td => [getComputedStyle(td).backgroundColor, td.title]))")
+            check_cells(drawn, expected)
             assert offline == []
             page.screenshot(path=str(tmp_path / "serve-screenshot.png"), full_page=True)
             if os.environ.get("SERVE_SCREENSHOT"):
                 shutil.copy(tmp_path / "serve-screenshot.png", os.environ["SERVE_SCREENSHOT"])
         finally:
             browser.close()
+
+
+def check_cells(drawn, expected):
+    """Each cell of ``drawn`` ([rows][columns] of (computed colour, title)) against the API's alignment."""
+    source, weights = expected["source_tokens"], expected["alignment"]
+    assert len(drawn) == len(expected["tokens"]) == len(weights)
+    for token, cells, row in zip(expected["tokens"], drawn, weights):
+        assert len(cells) == len(source) == len(row)
+        shades = []
+        for (colour, title), word, w in zip(cells, source, row):
+            shade = math.floor(255 * (1 - w) + 0.5)  # JavaScript's Math.round
+            assert colour == f"rgb({shade}, {shade}, 255)", (token, word, w, colour)
+            match = re.fullmatch(rf"{re.escape(token)} / {re.escape(word)}: (\d\.\d{{3}})", title)
+            assert match and abs(float(match.group(1)) - w) <= 5e-4 + 1e-9, (title, w)
+            shades.append(int(colour[4:].split(",")[0]))
+        assert row[shades.index(min(shades))] >= max(row) - 1 / 255  # the row's largest weight is drawn darkest
+    assert len({c for cells in drawn for c, _ in cells}) > 1  # not one colour everywhere

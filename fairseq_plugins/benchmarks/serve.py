@@ -30,17 +30,18 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m fairseq_plugins.cli.serve MODEL --port P FLAGS...`` on 127.0.0.1."""
+    """``COMMAND MODEL --port P FLAGS...`` on 127.0.0.1; the command is fairseq-plugins-serve's
+    module in this interpreter unless given (the installed console script, in the tests)."""
 
     def __init__(self, model: str, flags: Sequence[str] = (), log: Optional[str] = None,
-                 startup_timeout: float = 120, env: Optional[dict] = None):
+                 startup_timeout: float = 120, env: Optional[dict] = None,
+                 command: Sequence[str] = (sys.executable, "-m", "fairseq_plugins.cli.serve")):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         out = open(log, "w") if log else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fairseq_plugins.cli.serve", model, "--host", "127.0.0.1",
-             "--port", str(self.port), *map(str, flags)],
+            [*command, model, "--host", "127.0.0.1", "--port", str(self.port), *map(str, flags)],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         deadline = time.monotonic() + startup_timeout
         while True:

@@ -1,5 +1,5 @@
 """fairseq-plugins-export-hf CHECKPOINT OUT_DIR [--data DIR] [--force] [--bpe-codes FILE | --sentencepiece-model FILE]
-[--source-lang L] [--target-lang L] [--no-moses|--no-normalize|--no-aggressive|--no-escape] [--beam N] [--max-len-b N]
+[--source-lang L] [--target-lang L] [--no-moses|--no-aggressive|--no-escape] [--beam N] [--max-len-b N]
 [--lenpen P]"""
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 from fairseq_plugins.errors import ConfigError
@@ -17,7 +17,9 @@ def get_parser() -> ArgumentParser:
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it is a transformers model folder")
     parser.add_argument("--data", metavar="DIR", help="directory with dict.SRC.txt/dict.TGT.txt (default: the "
                                                       "checkpoint's training data directory)")
-    text = parser.add_argument_group("preprocessing the model was trained on (recorded in the tokenizer)")
+    text = parser.add_argument_group(
+        "preprocessing, as fairseq-interactive's --tokenizer moses --bpe subword_nmt|sentencepiece (recorded in "
+        "the tokenizer)")
     subword = text.add_mutually_exclusive_group()
     subword.add_argument("--bpe-codes", metavar="FILE", help="subword-nmt BPE codes applied after Moses tokenization")
     subword.add_argument("--sentencepiece-model", metavar="FILE",
@@ -26,13 +28,10 @@ def get_parser() -> ArgumentParser:
     text.add_argument("--source-lang", metavar="L", help="Moses language of the source (default: the task's)")
     text.add_argument("--target-lang", metavar="L", help="Moses language of the target (default: the task's)")
     text.add_argument("--no-moses", dest="moses", action="store_false",
-                      help="no Moses tokenization/detokenization (text split on spaces only)")
-    text.add_argument("--no-normalize", dest="normalize", action="store_false",
-                      help="as fairseq-plugins-tokenize tokenize --no-normalize")
+                      help="no Moses tokenization/detokenization (text split on spaces only; no --tokenizer)")
     text.add_argument("--no-aggressive", dest="aggressive", action="store_false",
-                      help="as fairseq-plugins-tokenize tokenize --no-aggressive")
-    text.add_argument("--no-escape", dest="escape", action="store_false",
-                      help="as fairseq-plugins-tokenize tokenize/detokenize --no-escape")
+                      help="fairseq's --moses-no-dash-splits")
+    text.add_argument("--no-escape", dest="escape", action="store_false", help="fairseq's --moses-no-escape")
     gen = parser.add_argument_group("generation_config.json (fairseq-generate's flags and defaults)")
     gen.add_argument("--beam", type=int, default=5, help="beam size (default 5)")
     gen.add_argument("--max-len-a", type=float, default=0.0, help="must be 0: one length limit for all sentences")
@@ -51,7 +50,7 @@ def body(args):
 
     export(args.checkpoint, args.out_dir, data=args.data, force=args.force, bpe_codes=args.bpe_codes,
            sentencepiece_model=args.sentencepiece_model, source_lang=args.source_lang, target_lang=args.target_lang,
-           moses=args.moses, normalize=args.normalize, aggressive=args.aggressive, escape=args.escape,
+           moses=args.moses, aggressive=args.aggressive, escape=args.escape,
            beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b, lenpen=args.lenpen)
     print(f"wrote {args.out_dir}")
 

@@ -1,13 +1,16 @@
-"""What every exporter shares: the checkpoint read as fairseq-generate reads it, and an output
-folder that appears whole or not at all."""
+"""What every exporter shares: the checkpoint read as fairseq-generate reads it, the refusals
+that come before building the model, and an output folder that appears whole or not at all."""
 import contextlib
 import glob
 import os
 import shutil
 import tempfile
-from typing import Optional
+from argparse import Namespace
+from typing import Iterable, Optional
 
 from fairseq import checkpoint_utils
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+from omegaconf import OmegaConf
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import CheckpointError, ConfigError
@@ -27,6 +30,34 @@ def read_checkpoint(checkpoint: str) -> dict:
     if not os.path.isfile(checkpoint):
         raise CheckpointError(f"checkpoint {checkpoint} does not exist")
     return load_state(checkpoint)
+
+
+def model_options(state: dict, checkpoint: str) -> Namespace:
+    """The checkpoint's model options (``cfg.model``, or ``args`` of an old checkpoint), flat."""
+    options = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
+    if options is None:
+        raise CheckpointError(f"{checkpoint}: no model options (cfg.model) in the checkpoint")
+    if not isinstance(options, Namespace):
+        options = Namespace(**OmegaConf.to_container(OmegaConf.create(options), resolve=True))
+    return options
+
+
+def model_family(options: Namespace, checkpoint: str, families: Iterable[str], target: str) -> str:
+    """The registered model (``ARCH_MODEL_NAME_REGISTRY``) of the checkpoint's architecture, refused
+    by name unless it is one of ``families``, the models exported to ``target``."""
+    arch = getattr(options, "arch", None) or getattr(options, "_name", None)
+    family = ARCH_MODEL_NAME_REGISTRY.get(arch)
+    if family not in families:
+        raise CheckpointError(f"{checkpoint}: architecture {arch!r} (model {family!r}) is not exported to "
+                              f"{target}, which takes {', '.join(families)} only")
+    return family
+
+
+def check_one_width(encoder_embed_dim: int, decoder_embed_dim: int, why: str) -> None:
+    """Refuse a Transformer whose two sides have different widths; ``why``: the target's reason."""
+    if encoder_embed_dim != decoder_embed_dim:
+        raise ConfigError(f"--encoder-embed-dim {encoder_embed_dim} differs from --decoder-embed-dim "
+                          f"{decoder_embed_dim}: not exported ({why})")
 
 
 def build_model(state: dict, checkpoint: str, data: Optional[str] = None):

@@ -18,48 +18,24 @@ The vocabularies are the fairseq dictionaries in their order, special symbols in
 (``<pad>`` written as ``<blank>``, as CTranslate2's fairseq converter does); the source gets
 ``</s>`` appended and decoding starts from ``</s>``, as in fairseq.
 """
-from argparse import Namespace
 from typing import Optional
 
-from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-from omegaconf import OmegaConf
-
-from fairseq_plugins.errors import CheckpointError, ConfigError
-from fairseq_plugins.export.common import build_model, check_output, read_checkpoint, staged_folder
+from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.export.common import (build_model, check_one_width, check_output, model_family, model_options,
+                                           read_checkpoint, staged_folder)
 
 MODEL = "vaswani_transformer"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
 
 
-def _model_options(state) -> Namespace:
-    model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
-    if model_cfg is None:
-        raise CheckpointError("no model options (cfg.model) in the checkpoint")
-    if not isinstance(model_cfg, Namespace):
-        model_cfg = Namespace(**OmegaConf.to_container(OmegaConf.create(model_cfg), resolve=True))
-    return model_cfg
-
-
-def check_exportable(options: Namespace) -> None:
-    """Refuse, by name, what CTranslate2's Transformer cannot compute the same way."""
-    arch = getattr(options, "arch", None) or getattr(options, "_name", None)
-    if ARCH_MODEL_NAME_REGISTRY.get(arch) != MODEL:
-        raise CheckpointError(f"architecture {arch!r} is not a {MODEL}; only {MODEL} "
-                              "checkpoints export to CTranslate2")
-    if options.encoder_embed_dim != options.decoder_embed_dim:
-        raise ConfigError(f"--encoder-embed-dim {options.encoder_embed_dim} differs from "
-                          f"--decoder-embed-dim {options.decoder_embed_dim}: not exported (CTranslate2's "
-                          "encoder-decoder attention is not tested with two widths)")
-
-
 def load_model(checkpoint: str, data: Optional[str] = None):
     """The model in eval mode and its task (dictionaries), read as fairseq-generate does."""
     state = read_checkpoint(checkpoint)
-    try:
-        check_exportable(_model_options(state))
-    except CheckpointError as e:
-        raise CheckpointError(f"{checkpoint}: {e}") from None
+    options = model_options(state, checkpoint)
+    model_family(options, checkpoint, [MODEL], "CTranslate2")
+    check_one_width(options.encoder_embed_dim, options.decoder_embed_dim,
+                    "CTranslate2's encoder-decoder attention is not tested with two widths")
     return build_model(state, checkpoint, data)
 
 

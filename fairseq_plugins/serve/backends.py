@@ -62,13 +62,12 @@ class HubBackend:
         with open_dict(cfg):
             cfg.dataset.batch_size, cfg.dataset.max_tokens = None, 10 ** 9  # the batcher sizes batches
             cfg.generation.max_len_a, cfg.generation.max_len_b = 0, MAX_DECODING_LENGTH
+        # Attention is always computed, so that requests with and without alignments can be decoded
+        # at once by several workers: fairseq's own switch (what --print-alignment sets), applied
+        # before the hub's prepare_for_inference_, which then leaves the model as it is.
+        models[0].make_generation_fast_(need_attn=True)
         self.hub = GeneratorHubInterface(cfg, task, models).eval()
         logging.getLogger("fairseq.tasks.fairseq_task").setLevel(logging.WARNING)  # 4 lines per generate()
-        # Attention is always computed, so that requests with and without alignments can be decoded
-        # at once by several workers (fairseq's print_alignment switches it per generator).
-        for module in self.hub.models[0].modules():
-            if hasattr(module, "need_attn"):
-                module.need_attn = True
         arch = getattr(cfg.model, "arch", None) or cfg.model._name
         self.family = ARCH_MODEL_NAME_REGISTRY.get(arch, arch)
         self.arch = arch

@@ -7,7 +7,7 @@
 Interface between the shared part (this package) and the model writers
 -----------------------------------------------------------------------
 ``export(checkpoint, out_dir, data=None, force=False, bpe_codes=None, sentencepiece_model=None,
-source_lang=None, target_lang=None, moses=True, normalize=True, aggressive=True, escape=True,
+source_lang=None, target_lang=None, moses=True, aggressive=True, escape=True,
 beam=5, max_len_a=0.0, max_len_b=200, lenpen=1.0)``:
 
 1. refuses bad input with one-line :mod:`fairseq_plugins.errors` errors BEFORE writing anything
@@ -51,14 +51,11 @@ import json
 import os
 import shutil
 import tempfile
-from argparse import Namespace
 from typing import Optional
 
-from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-from omegaconf import OmegaConf
-
 from fairseq_plugins.errors import CheckpointError, ConfigError
-from fairseq_plugins.export.common import build_model, check_output, read_checkpoint, staged_folder
+from fairseq_plugins.export.common import (build_model, check_output, model_family, model_options, read_checkpoint,
+                                           staged_folder)
 
 # model family -> module of this package that writes it
 FAMILIES = {"vaswani_transformer": "transformer", "rnnsearch": "rnn", "rnnencdec": "rnn", "seq2seq_lstm": "rnn"}
@@ -66,33 +63,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PIPELINE = "pipeline_fairseq_plugins"  # transformers 5 has no translation pipeline: the folder brings one
 
 
-def family_module(family: str):
-    try:
-        return importlib.import_module(f"{__name__}.{FAMILIES[family]}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{FAMILIES[family]}":
-            raise
-        raise ConfigError(f"{family}: export to transformers not yet available in this version") from None
-
-
-def _family(state, checkpoint: str) -> str:
-    cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
-    if cfg is None:
-        raise CheckpointError(f"{checkpoint}: no model options (cfg.model) in the checkpoint")
-    if not isinstance(cfg, Namespace):
-        cfg = Namespace(**OmegaConf.to_container(OmegaConf.create(cfg), resolve=True))
-    arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None)
-    family = ARCH_MODEL_NAME_REGISTRY.get(arch)
-    if family not in FAMILIES:
-        raise CheckpointError(f"{checkpoint}: architecture {arch!r} (model {family!r}) is not exported to "
-                              f"transformers; only {', '.join(FAMILIES)} are")
-    return family
-
-
 def load_model(checkpoint: str, data: Optional[str] = None):
     """(family, model in eval mode, task with the dictionaries), read as fairseq-generate does."""
     state = read_checkpoint(checkpoint)
-    family = _family(state, checkpoint)
+    family = model_family(model_options(state, checkpoint), checkpoint, FAMILIES, "transformers")
     return (family, *build_model(state, checkpoint, data))
 
 
@@ -130,7 +104,7 @@ def _symbols_file(dictionary, path):
 
 
 def write_tokenizer(task, out_dir: str, bpe_codes=None, sentencepiece_model=None, source_lang=None,
-                    target_lang=None, moses=True, normalize=True, aggressive=True, escape=True):
+                    target_lang=None, moses=True, aggressive=True, escape=True):
     """The tokenizer files and its code (``auto_map``: ``trust_remote_code=True``)."""
     from fairseq_plugins.export.hf import tokenization_fairseq_plugins as module
 
@@ -140,7 +114,7 @@ def write_tokenizer(task, out_dir: str, bpe_codes=None, sentencepiece_model=None
             _symbols_file(task.target_dictionary, os.path.join(tmp, "tgt.json")),
             bpe_codes=bpe_codes, sentencepiece_model=sentencepiece_model,
             source_lang=source_lang or task.cfg.source_lang, target_lang=target_lang or task.cfg.target_lang,
-            moses=moses and sentencepiece_model is None, normalize=normalize, aggressive=aggressive, escape=escape)
+            moses=moses and sentencepiece_model is None, aggressive=aggressive, escape=escape)
         tokenizer.register_for_auto_class("AutoTokenizer")
         tokenizer.save_pretrained(out_dir)
 
@@ -165,7 +139,7 @@ def _check_file(path, flag):
 def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: bool = False,
            bpe_codes: Optional[str] = None, sentencepiece_model: Optional[str] = None,
            source_lang: Optional[str] = None, target_lang: Optional[str] = None, moses: bool = True,
-           normalize: bool = True, aggressive: bool = True, escape: bool = True,
+           aggressive: bool = True, escape: bool = True,
            beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0) -> str:
     """Write ``out_dir``; every refusal comes before anything is written."""
     check_output(out_dir, force, "config.json", "transformers model folder")
@@ -174,7 +148,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: boo
     _check_file(bpe_codes, "--bpe-codes")
     _check_file(sentencepiece_model, "--sentencepiece-model")
     family, model, task = load_model(checkpoint, data)
-    writer = family_module(family)
+    writer = importlib.import_module(f"{__name__}.{FAMILIES[family]}")
     writer.check_supported(model)
     generation = generation_config(model, beam, max_len_a, max_len_b, lenpen)
     with staged_folder(out_dir) as staging:
@@ -182,7 +156,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: boo
         generation.save_pretrained(staging)
         add_pipeline(staging)
         write_tokenizer(task, staging, bpe_codes, sentencepiece_model, source_lang, target_lang, moses,
-                        normalize, aggressive, escape)
+                        aggressive, escape)
     return out_dir
 
 

@@ -1,27 +1,30 @@
 """The tokenizer of a model exported by ``fairseq-plugins-export-hf`` (shipped in its folder).
 
-Raw text goes through the preprocessing the model was trained on, with the same libraries and
-calls as the suite's ``fairseq-plugins-tokenize`` and ``fairseq-preprocess``:
+Raw text is segmented exactly as ``fairseq-interactive`` and fairseq's hub interface segment it,
+with the same libraries called the same way as fairseq's encoders (``fairseq.data.encoders``;
+fairseq itself is not needed to load the folder):
 
-* control characters (``\\p{C}``) become spaces (remove-non-printing-char.perl);
-* sacremoses: normalize-punctuation, then ``tokenizer.perl [-a] -l SRC [-no-escape]`` -- or, with a
-  sentencepiece model, no Moses step (``fairseq-plugins-tokenize spm-encode`` reads raw text);
-* subword-nmt BPE codes (``@@`` joins) or the sentencepiece model, when the export named one;
-* fairseq's dictionary: its ids (``vocab.src.json`` / ``vocab.tgt.json`` list the symbols in id
-  order, special symbols included), unknown symbols to ``<unk>``, ``</s>`` appended.
+* ``--tokenizer moses``: sacremoses' ``MosesTokenizer(SRC).tokenize(text, aggressive_dash_splits,
+  return_str=True, escape)`` (``--moses-no-dash-splits`` / ``--moses-no-escape`` are
+  ``aggressive=False`` / ``escape=False``); no punctuation normalisation, no control-character
+  removal: fairseq does neither;
+* ``--bpe subword_nmt``: subword-nmt's ``BPE(codes).process_line`` (``@@`` joins), or ``--bpe
+  sentencepiece``: ``SentencePieceProcessor.encode(text, out_type=str)`` on the raw text (no Moses step);
+* fairseq's dictionary: the line split on whitespace (``tokenize_line``), its ids
+  (``vocab.src.json`` / ``vocab.tgt.json`` list the symbols in id order, special symbols
+  included), unknown symbols to ``<unk>``, ``</s>`` appended.
 
-Decoding is ``fairseq-generate``'s hypothesis string (``</s>`` and padding dropped, ``<unk>``
-kept), ``--remove-bpe`` (``@@`` or sentencepiece), then the Moses detokenizer (``-l TGT``).
+Decoding is the hub's ``decode``: the target symbols (``</s>`` and padding dropped, ``<unk>``
+kept), the BPE removed (``@@ `` or sentencepiece's), then ``MosesDetokenizer(TGT).detokenize``.
 """
 import json
 import os
 import shutil
 
-import regex
 from transformers import PreTrainedTokenizer
 
-NON_PRINTING = regex.compile(r"\p{C}")
 SUBWORD_NMT, SENTENCEPIECE = "subword_nmt", "sentencepiece"
+BPE_SEPARATOR = "@@"  # fairseq's --bpe-separator default
 
 
 def _symbols(path):
@@ -35,36 +38,35 @@ class FairseqPluginsTokenizer(PreTrainedTokenizer):
     model_input_names = ["input_ids", "attention_mask"]
 
     def __init__(self, source_vocab, target_vocab, bpe_codes=None, sentencepiece_model=None, source_lang="en",
-                 target_lang="en", moses=True, normalize=True, aggressive=True, escape=True, **kwargs):
+                 target_lang="en", moses=True, aggressive=True, escape=True, **kwargs):
         self.source_symbols, self.target_symbols = _symbols(source_vocab), _symbols(target_vocab)
         # fairseq's Dictionary.indices: a symbol listed twice (#fairseq:overwrite) keeps its last id
         self.source_indices = {symbol: i for i, symbol in enumerate(self.source_symbols)}
         self.files = {"source_vocab": source_vocab, "target_vocab": target_vocab, "bpe_codes": bpe_codes,
                       "sentencepiece_model": sentencepiece_model}
-        self.moses, self.normalize, self.aggressive, self.escape = moses, normalize, aggressive, escape
+        self.moses, self.aggressive, self.escape = moses, aggressive, escape
         self.source_lang, self.target_lang = source_lang, target_lang
         self._bpe = self._spm = self._moses = None
         if bpe_codes is not None:
             from subword_nmt.apply_bpe import BPE
 
             with open(bpe_codes, encoding="utf-8") as codes:
-                self._bpe = BPE(codes)
+                self._bpe = BPE(codes, separator=BPE_SEPARATOR)
         if sentencepiece_model is not None:
             import sentencepiece
 
             self._spm = sentencepiece.SentencePieceProcessor(model_file=sentencepiece_model)
         if moses:
-            from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+            from sacremoses import MosesDetokenizer, MosesTokenizer
 
-            self._moses = (MosesPunctNormalizer(lang=source_lang) if normalize else None,
-                           MosesTokenizer(lang=source_lang), MosesDetokenizer(lang=target_lang))
+            self._moses = (MosesTokenizer(lang=source_lang), MosesDetokenizer(lang=target_lang))
         # fairseq's special symbols; decoding never applies transformers' space clean-up
         for name, value in (("bos_token", "<s>"), ("pad_token", "<pad>"), ("eos_token", "</s>"),
                             ("unk_token", "<unk>"), ("clean_up_tokenization_spaces", False),
                             ("special_tokens_pattern", "eos")):
             kwargs.setdefault(name, value)
-        super().__init__(source_lang=source_lang, target_lang=target_lang, moses=moses, normalize=normalize,
-                         aggressive=aggressive, escape=escape, **kwargs)
+        super().__init__(source_lang=source_lang, target_lang=target_lang, moses=moses, aggressive=aggressive,
+                         escape=escape, **kwargs)
 
     @property
     def vocab_size(self):
@@ -74,15 +76,10 @@ class FairseqPluginsTokenizer(PreTrainedTokenizer):
         return dict(self.source_indices)
 
     def preprocess(self, text):
-        """Raw text -> the space-separated symbols fairseq-preprocess would read."""
-        text = NON_PRINTING.sub(" ", text)
+        """Raw text -> the line fairseq's encoders give (``--tokenizer moses``, then ``--bpe``)."""
         if self._moses is not None:
-            normalizer, tokenizer, _ = self._moses
-            if normalizer is not None:
-                text = normalizer.normalize(text)
-            text = tokenizer.tokenize(text, aggressive_dash_splits=self.aggressive, return_str=True,
-                                      escape=self.escape)
-        text = " ".join(text.split())
+            text = self._moses[0].tokenize(text, aggressive_dash_splits=self.aggressive, return_str=True,
+                                           escape=self.escape)
         if self._bpe is not None:
             text = self._bpe.process_line(text)
         if self._spm is not None:
@@ -102,15 +99,15 @@ class FairseqPluginsTokenizer(PreTrainedTokenizer):
         return self.target_symbols[index]  # ids to text are outputs: the target dictionary
 
     def postprocess(self, symbols):
-        """Target symbols -> detokenized text: ``--remove-bpe`` then the Moses detokenizer."""
+        """Target symbols -> text, as the hub's ``decode``: the BPE removed, then the Moses detokenizer."""
         text = " ".join(symbols)
         if self._bpe is not None:
-            text = (text + " ").replace("@@ ", "").rstrip()
+            text = (text + " ").replace(BPE_SEPARATOR + " ", "").rstrip()
         if self._spm is not None:
             text = text.replace(" ", "").replace("\u2581", " ").strip()
         if self._moses is not None:
-            text = self._moses[2].detokenize(text.split(), unescape=self.escape)
-        return " ".join(text.split())
+            text = self._moses[1].detokenize(text.split())
+        return text
 
     def convert_tokens_to_string(self, tokens):
         return self.postprocess(tokens)

@@ -18,6 +18,7 @@ weight left out or misnamed here fails the export.
 import torch
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.export.common import check_one_width
 
 MARIAN, FSMT = "marian", "fsmt"
 
@@ -26,9 +27,7 @@ def layout(model) -> str:
     """``"marian"`` or ``"fsmt"``: the transformers class that computes ``model`` exactly."""
     encoder, decoder = model.encoder, model.decoder
     d_enc, d_dec = encoder.embed_tokens.embedding_dim, decoder.embed_tokens.embedding_dim
-    if d_enc != d_dec:
-        raise ConfigError(f"--encoder-embed-dim {d_enc} differs from --decoder-embed-dim {d_dec}: "
-                          "not exported (MarianMT and FSMT have one d_model)")
+    check_one_width(d_enc, d_dec, "MarianMT and FSMT have one d_model")
     for side, stack in (("encoder", encoder), ("decoder", decoder)):
         if stack.layer_norm is not None:
             raise ConfigError(f"--{side}-normalize-before (pre-LN): not exported to transformers "
