@@ -145,3 +145,43 @@ def test_this_suite_uses_the_skip_policy(request):
     assert skip_policy.pytest_runtest_makereport in hooks
     hooks = {impl.function for impl in request.config.pluginmanager.hook.pytest_make_collect_report.get_hookimpls()}
     assert skip_policy.pytest_make_collect_report in hooks
+
+
+# --------------------------------------------------------------------------- pip install users' transformers export
+
+# The user's script: the guard, then transformers as the README shows it.
+TRANSLATE = """
+import sys
+from fairseq_plugins.torchaudio_guard import hide_unloadable_torchaudio
+hide_unloadable_torchaudio()
+from transformers import pipeline
+print(pipeline("translation", model=sys.argv[1], trust_remote_code=True)(sys.argv[2])[0]["translation_text"])
+"""
+
+
+@pytest.mark.slow
+def test_export_hf_as_installed_by_plain_pip_with_a_torchaudio_that_cannot_load(generation_models, corpus_dir,
+                                                                                   tmp_path):
+    """The README's route for an existing environment: torch installed, then pip install
+    "fairseq-plugins[hf]" (fairseq pulls in the newest torchaudio, which does not load beside torch
+    2.13's CPU build). fairseq-plugins-export-hf, run as installed, must write the folder, and the
+    folder must translate there as it does in the suite's own venv. Network for pip; pip's cache
+    holds the built fairseq wheel after scripts/setup_env.sh, so this takes a few minutes."""
+    import torch
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, f"torch=={torch.__version__}"], check=True)
+    subprocess.run([*pip, f"{REPO}[hf]"], check=True, cwd=tmp_path)
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import torchaudio"], capture_output=True, text=True)
+    # the oracle's precondition: the installed torchaudio is there and fails to load
+    assert probe.returncode != 0 and "torchaudio" in probe.stderr, "pip's torchaudio loads here: the test shows nothing"
+    out = tmp_path / "hf"
+    proc = subprocess.run([str(venv / "bin" / "fairseq-plugins-export-hf"), generation_models["rnnsearch"], str(out)],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0 and proc.stdout.strip() == f"wrote {out}", proc.stderr[-3000:]
+    sentence = open(os.path.join(corpus_dir, "test.src")).read().splitlines()[3]
+    translations = [subprocess.run([python, "-c", TRANSLATE, str(out), sentence], capture_output=True, text=True,
+                                   check=True).stdout for python in (str(venv / "bin" / "python"), sys.executable)]
+    assert translations[0].strip() and translations[0] == translations[1]
