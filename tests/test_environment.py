@@ -118,7 +118,7 @@ def run_inner_pytest(tmp_path, ci):
     if ci is not None:
         env["CI"] = ci
     proc = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           "-p", "no:randomly", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True)
+                           "-p", "no:randomly", "--continue-on-collection-errors", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True)
     outcomes = dict((test, outcome) for outcome, test in
                     re.findall(r"^(PASSED|FAILED|SKIPPED|XFAIL|ERROR) (?:\[\d+\] )?(\S+)", proc.stdout, re.M))
     return outcomes, proc.stdout.strip().splitlines()[-1]
