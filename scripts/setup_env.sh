@@ -34,7 +34,9 @@ printf '%s\n' "${torch_pins[@]}" > "$constraints"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check -c "$constraints" -e ".[test]"
 # fairseq-fixed pulls in torchaudio, whose newest release may not load beside this torch (a CPU
 # build: libc10_cuda.so missing); transformers imports it whenever it is installed, and
-# translation never uses it: remove it when it cannot load.
+# translation never uses it. The suite's commands hide it themselves (fairseq_plugins/
+# torchaudio_guard.py, tested in a venv made by plain pip); the tests also import transformers
+# directly, as users' scripts do, so this venv goes without it when it cannot load.
 "$VENV/bin/python" -c "import torchaudio" >/dev/null 2>&1 || {
     echo "== removing torchaudio: it does not load beside $TORCH_SPEC (transformers would import it)"
     "$VENV/bin/pip" uninstall --quiet --yes torchaudio; }

@@ -5,6 +5,7 @@ import pytest
 from filelock import FileLock
 
 from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, generate, in_parallel, make_corpus, preprocess, train
+from skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401  (CI=true: no skips)
 
 
 def built_once(tmp_path_factory, name, build):

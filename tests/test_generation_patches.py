@@ -19,12 +19,17 @@ def has_repeat(words, n):
     return len(set(grams)) < len(grams)
 
 
+# Hypotheses held past the length where these undertrained models stop: there they repeat bigrams on every
+# fairseq version (at their own length, 0.12.2's Transformer happened not to), which the oracle needs.
+LONG = ("--min-len", "10", "--max-len-a", "2", "--max-len-b", "10", "--nbest", "2")
+
+
 @pytest.mark.parametrize("family", list(GENERATION_FAMILIES))
-def test_no_repeat_ngram_size_bans_repeats(generation_models, plain_generations, data_bin, family):
+def test_no_repeat_ngram_size_bans_repeats(generation_models, data_bin, family):
     path = generation_models[family]
-    free = plain_generations[family]  # the same command without --no-repeat-ngram-size
+    free = generate(data_bin, path, *LONG)  # the same command without --no-repeat-ngram-size
     assert any(has_repeat(h.split(), 2) for s in free.values() for h in s["nbest"]), "the oracle needs repeats"
-    blocked = generate(data_bin, path, "--no-repeat-ngram-size", "2", "--nbest", "2")
+    blocked = generate(data_bin, path, *LONG, "--no-repeat-ngram-size", "2")
     repeats = [h for s in blocked.values() for h in s["nbest"] if has_repeat(h.split(), 2)]
     assert not repeats, f"{family}: repeated bigrams survive: {repeats[:3]}"
 

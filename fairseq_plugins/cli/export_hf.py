@@ -41,12 +41,13 @@ def get_parser() -> ArgumentParser:
 
 
 def body(args):
+    from fairseq_plugins.export.hf import export  # first: it keeps an unloadable torchaudio from transformers
+
     try:
         import safetensors  # noqa: F401
         import transformers  # noqa: F401
     except ImportError:
         raise ConfigError('transformers is not installed: pip install "fairseq-plugins[hf]"') from None
-    from fairseq_plugins.export.hf import export
 
     export(args.checkpoint, args.out_dir, data=args.data, force=args.force, bpe_codes=args.bpe_codes,
            sentencepiece_model=args.sentencepiece_model, source_lang=args.source_lang, target_lang=args.target_lang,

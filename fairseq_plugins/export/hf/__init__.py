@@ -56,6 +56,9 @@ from typing import Optional
 from fairseq_plugins.errors import CheckpointError, ConfigError
 from fairseq_plugins.export.common import (build_model, check_output, model_family, model_options, read_checkpoint,
                                            staged_folder)
+from fairseq_plugins.torchaudio_guard import hide_unloadable_torchaudio
+
+hide_unloadable_torchaudio()  # before this package imports transformers
 
 # model family -> module of this package that writes it
 FAMILIES = {"vaswani_transformer": "transformer", "rnnsearch": "rnn", "rnnencdec": "rnn", "seq2seq_lstm": "rnn"}
