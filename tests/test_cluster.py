@@ -15,10 +15,11 @@ import time
 
 import pytest
 import torch
-from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, free_port, num_updates, run
+from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, num_updates, run
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.network import free_port
 from fairseq_plugins.patches import cpu_launch
 from fairseq_plugins.patches.cpu_launch import first_host
 
