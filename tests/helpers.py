@@ -1,6 +1,5 @@
 """Shared pieces of the tests: run the real command-line tools in subprocesses."""
 import os
-import socket
 import subprocess
 import sys
 
@@ -160,12 +159,6 @@ def teacher_forced_log2probs(path, src_words, hyp_words):
     with torch.no_grad():
         lprobs = model.get_normalized_probs(model(src, torch.tensor([src.size(1)]), prev), log_probs=True)
     return (lprobs[0].gather(1, tgt[0][:, None])[:, 0] / torch.log(torch.tensor(2.0))).tolist()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pre_2019_layout(state):

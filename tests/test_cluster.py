@@ -11,14 +11,16 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 import torch
-from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, free_port, num_updates, run
+from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, num_updates, run
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.network import free_port
 from fairseq_plugins.patches import cpu_launch
 from fairseq_plugins.patches.cpu_launch import first_host
 
@@ -172,14 +174,58 @@ def test_one_process_preempted_by_sigterm_then_sigusr1_saves_and_resumes_bit_equ
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
 
 
+# fairseq-train in which rank 0, once a stop is agreed, waits STOP_DELAY seconds before its save (a slow
+# disk, a loaded machine: what the other ranks must not outrun), and every worker prints, as it exits,
+# the update that checkpoint_last.pt holds at that moment.
+STOP_DELAY = 5
+DELAYED_AT_THE_STOP = f"""
+import atexit, os, sys, time
+import fairseq_plugins  # the suite's patches, as --user-dir installs them
+from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.patches import preemption
+from fairseq_cli.train import cli_main
+rank, save_dir = int(os.environ["SLURM_PROCID"]), sys.argv[sys.argv.index("--save-dir") + 1]
+agreed = preemption._stop_agreed
+def delayed(trainer, preemption_state):
+    stop = agreed(trainer, preemption_state)
+    if stop and rank == 0:
+        time.sleep({STOP_DELAY})
+    return stop
+preemption._stop_agreed = delayed
+def report():
+    path = os.path.join(save_dir, "checkpoint_last.pt")
+    held = load_state(path)["optimizer_history"][-1]["num_updates"] if os.path.exists(path) else None
+    print(f"rank {{rank}} exits; checkpoint_last.pt holds update {{held}}", flush=True)
+atexit.register(report)  # an exit through the interpreter's end
+exit_now = os._exit
+def reported_exit(code):
+    report()
+    exit_now(code)
+os._exit = reported_exit
+sys.argv[0] = "fairseq-train"
+cli_main()
+"""
+
+
 @pytest.mark.slow
 def test_signal_to_one_of_two_slurm_tasks_stops_both_at_one_update(data_bin, reference, tmp_path):
-    """SIGUSR1 reaches rank 1 only: rank 0 must stop at the same update (else a collective hangs)."""
-    save, port = str(tmp_path / "save"), free_port()
-    codes = preempt_and_restart(lambda: start_slurm(data_bin, save, port, tmp_path), lambda procs: procs[1].pid,
-                                [signal.SIGUSR1], tmp_path / "rank0.log")
+    """SIGUSR1 reaches rank 1 only: rank 0 must stop at the same update (else a collective hangs), and
+    rank 1 must not exit before rank 0's checkpoint of the stop is complete, even when rank 0 is slow
+    to write it (delayed at the stop: deterministic)."""
+    save, port, launches = str(tmp_path / "save"), free_port(), []
+
+    def launch():
+        launches.append(tmp_path / f"rank1.run{len(launches)}.log")
+        return [start([sys.executable, "-c", DELAYED_AT_THE_STOP,
+                       *flags(data_bin, save, "--distributed-port", port)], slurm_env(rank),
+                      tmp_path / "rank0.log" if rank == 0 else launches[-1]) for rank in (0, 1)]
+
+    codes = preempt_and_restart(launch, lambda procs: procs[1].pid, [signal.SIGUSR1], tmp_path / "rank0.log")
     assert codes == [[EXIT_PREEMPTED, EXIT_PREEMPTED]]
-    assert "distributed init (rank 1): tcp://localhost:" in open(tmp_path / "rank1.log").read()
+    stopped_at = int(re.search(r"@ (\d+) updates\)", open(tmp_path / "rank0.log").read()).group(1))  # the restart's
+    rank1 = open(launches[0]).read()
+    assert "distributed init (rank 1): tcp://localhost:" in rank1
+    assert f"rank 1 exits; checkpoint_last.pt holds update {stopped_at}" in rank1, rank1[-3000:]
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
 
 

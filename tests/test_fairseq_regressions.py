@@ -64,17 +64,19 @@ def test_sequence_generator_compiles_with_torchscript_and_decodes_as_in_python(t
 
 @pytest.fixture(scope="module")
 def checkpoint(tiny_transformer, tmp_path_factory):
-    """A checkpoint of ``tiny_transformer`` as fairseq writes one, with an EMA copy of the weights."""
+    """A checkpoint of ``tiny_transformer`` as fairseq writes one, with an EMA copy of the weights that
+    differs from them in every tensor (so a loader returning the other set is caught); and the two sets."""
     model, _ = tiny_transformer
     path = str(tmp_path_factory.mktemp("checkpoint") / "checkpoint_last.pt")
-    weights = model.state_dict()
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    ema = {name: value + 1 for name, value in weights.items()}
     checkpoint_utils.torch_persistent_save({
         "args": None, "cfg": None, "model": weights, "last_optimizer_state": None,
         "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "FairseqAdam",
                                "lr_scheduler_state": {"best": None}, "num_updates": 3}],
-        "extra_state": {"train_iterator": {"epoch": 1}, "ema": weights},
+        "extra_state": {"train_iterator": {"epoch": 1}, "ema": ema},
     }, path)
-    return path
+    return path, {"load_checkpoint_to_cpu": weights, "load_ema_from_checkpoint": ema}
 
 
 LOADERS = {
@@ -83,8 +85,15 @@ LOADERS = {
 }
 
 
+def assert_same_weights(found, expected):
+    assert found.keys() == expected.keys()
+    for name, value in expected.items():
+        assert torch.equal(found[name], value), name
+
+
 @pytest.mark.parametrize("loader", sorted(LOADERS))
 def test_a_torch_load_installed_after_the_suite_is_called_by_fairseq_and_kept(checkpoint, loader, monkeypatch):
+    path, expected = checkpoint
     calls = []
     underlying = torch.load
 
@@ -93,10 +102,10 @@ def test_a_torch_load_installed_after_the_suite_is_called_by_fairseq_and_kept(ch
         return underlying(f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "load", recording_load)
-    weights = LOADERS[loader](checkpoint)
+    weights = LOADERS[loader](path)
     assert calls == [True], "fairseq's load must go through the torch.load found, weights-only"
     assert torch.load is recording_load
-    assert weights.keys() == torch.load(checkpoint)["model"].keys()
+    assert_same_weights(weights, expected[loader])
 
 
 @dataclasses.dataclass
@@ -121,13 +130,14 @@ class PausingReader(io.BufferedReader):
 
 
 def test_another_threads_torch_load_is_unchanged_while_fairseq_loads_a_checkpoint(checkpoint, monkeypatch):
+    path, expected = checkpoint
     inside, resume, loaded = threading.Event(), threading.Event(), []
     # fairseq's load_checkpoint_to_cpu opens the file with the built-in open: this module-level name shadows it.
     monkeypatch.setattr(checkpoint_utils, "open", lambda path, mode: PausingReader(path, inside, resume), raising=False)
     buffer = io.BytesIO()
     torch.save(Marker(7), buffer)
 
-    loader = threading.Thread(target=lambda: loaded.append(checkpoint_utils.load_checkpoint_to_cpu(checkpoint)))
+    loader = threading.Thread(target=lambda: loaded.append(checkpoint_utils.load_checkpoint_to_cpu(path)))
     loader.start()
     try:
         assert inside.wait(60), "fairseq never read the checkpoint"
@@ -137,4 +147,5 @@ def test_another_threads_torch_load_is_unchanged_while_fairseq_loads_a_checkpoin
         resume.set()
         loader.join(60)
     assert other == Marker(7)
-    assert loaded and loaded[0]["model"].keys() == torch.load(checkpoint)["model"].keys()
+    assert loaded
+    assert_same_weights(loaded[0]["model"], expected["load_checkpoint_to_cpu"])

@@ -15,9 +15,10 @@ import sys
 
 import pytest
 import torch
-from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, free_port, in_parallel, num_updates
+from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, in_parallel, num_updates
 
 from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.network import free_port
 
 UPDATES = 6  # the data_bin corpus is 5 batches of --max-tokens 1000: the runs end inside epoch 2
 ARCHS = {
@@ -44,6 +45,22 @@ def save_then_die(cfg, trainer, epoch_itr, val_loss):
         os.kill(os.getpid(), signal.SIGKILL)
     return path
 checkpoint_utils.save_checkpoint = save_then_die
+sys.argv[0] = "fairseq-train"
+cli_main()
+"""
+
+# fairseq-train that prints a line (print, not logging: fairseq lowers the log level of every rank
+# but 0 to WARNING) each time a worker starts a training step.
+TRAIN_STEP_MARKED = """
+import sys
+import fairseq_plugins  # the suite's patches, as --user-dir installs them
+from fairseq.trainer import Trainer
+from fairseq_cli.train import cli_main
+train_step = Trainer.train_step
+def marked_train_step(self, *args, **kwargs):
+    print(f"train_step on rank {self.data_parallel_rank}", flush=True)
+    return train_step(self, *args, **kwargs)
+Trainer.train_step = marked_train_step
 sys.argv[0] = "fairseq-train"
 cli_main()
 """
@@ -184,17 +201,19 @@ def test_two_workers_end_at_once_and_after_a_kill_9_resume_to_the_uninterrupted_
     after the final save, then run again: both workers exit 0, nothing is written, and it holds
     what the uninterrupted run holds."""
     port, straight_dir, killed_dir = free_port(), str(tmp_path / "straight"), str(tmp_path / "killed")
-    for result in slurm_tasks(train_args(data_bin, straight_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES]),
-                              port):
-        assert_trained(result)
+    straight = slurm_tasks(train_args(data_bin, straight_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES]),
+                           port, TRAIN_STEP_MARKED)
+    for rank, result in enumerate(straight):  # the marker a training step prints reaches each rank's output
+        assert f"train_step on rank {rank}" in assert_trained(result), result[1][-3000:]
     args = train_args(data_bin, killed_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES])
     killed = slurm_tasks(args, port, KILL_AFTER_FINAL_SAVE)
     assert [code for code, _ in killed] == [-signal.SIGKILL] * 2, killed[0][1][-3000:]
     assert "distributed init (rank 1): tcp://localhost:" in killed[1][1] + killed[0][1]
     before = files(killed_dir)
-    rank0, rank1 = slurm_tasks(args, port)
+    rank0, rank1 = slurm_tasks(args, port, TRAIN_STEP_MARKED)
     assert_nothing_to_do(rank0, before, files(killed_dir), f"already trained to update {UPDATES}; nothing to do")
-    assert rank1[0] == 0 and "num_updates=" not in rank1[1], rank1[1][-3000:]
+    assert "train_step on rank" not in rank0[1], rank0[1][-3000:]
+    assert rank1[0] == 0 and "train_step on rank" not in rank1[1], rank1[1][-3000:]
     assert_same_training(os.path.join(killed_dir, "checkpoint_last.pt"), os.path.join(straight_dir, "checkpoint_last.pt"))
 
 

@@ -3,6 +3,7 @@ leaving fairseq's own attributes; for each one, fairseq's behaviour with it out 
 with it in; a target that changed keeps fairseq's behaviour with one warning line; the
 environment variable that keeps fairseq's behaviour by name."""
 import contextlib
+import datetime
 import importlib
 import json
 import logging
@@ -21,11 +22,12 @@ from fairseq import utils as fairseq_utils
 from fairseq.data import data_utils, iterators
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
-from helpers import REPO, TINY_BUILTIN_TRANSFORMER, cli_env, free_port
+from helpers import REPO, TINY_BUILTIN_TRANSFORMER, cli_env
 from omegaconf import OmegaConf, open_dict
 
 from fairseq_plugins import patches
 from fairseq_plugins.errors import CheckpointError, ConfigError, NumericalError
+from fairseq_plugins.network import free_port
 from fairseq_plugins.patches._mechanism import Patch, Target
 
 
@@ -131,6 +133,70 @@ def test_order_follows_requires():
     for name, patch in patches.PATCHES.items():
         assert all(order.index(r) < order.index(name) for r in patch.requires)
     assert order.index("cpu_launch") < order.index("cpu_fp16")
+    assert "lost_worker" in patches.PATCHES["cpu_launch"].requires  # its spawned workers report a lost peer
+    assert order.index("lost_worker") < order.index("cpu_launch")
+
+
+# -- scoped replacements: Target.replaced (one thread) and Target.set_to -------------------------------------------
+
+def test_a_scoped_replacement_is_for_the_calling_thread_only_and_leaves_what_it_found():
+    owner = types.SimpleNamespace(f=lambda x: ("found", x))
+    found = owner.f
+    target = Target(owner, "f")
+    inside, release, seen = threading.Event(), threading.Event(), {}
+
+    def other_thread():
+        seen["during"] = owner.f(1)
+
+    def scoped():
+        with target.replaced(lambda x: ("scoped",) + target(x)):
+            inside.set()
+            assert release.wait(60)
+            seen["scoped"] = owner.f(2)
+    worker = threading.Thread(target=scoped)
+    worker.start()
+    try:
+        assert inside.wait(60)
+        other = threading.Thread(target=other_thread)
+        other.start()
+        other.join(60)
+    finally:
+        release.set()
+        worker.join(60)
+    assert seen == {"during": ("found", 1), "scoped": ("scoped", "found", 2)}
+    assert owner.f is found
+
+
+def test_a_wrapper_installed_inside_a_scoped_window_is_kept_and_nesting_applies_once():
+    class Base:
+        def f(self, x):
+            return ("fairseq", x)
+
+    class Child(Base):
+        pass
+    target = Target(Child, "f")
+    with target.replaced(lambda self, x: ("outer",) + target(self, x)):
+        with target.replaced(lambda self, x: ("inner",) + target(self, x)):
+            assert Child().f(1) == ("inner", "fairseq", 1)
+        assert Child().f(1) == ("outer", "fairseq", 1)
+    assert "f" not in vars(Child)  # inherited: deleted again
+
+    with target.replaced(lambda self, x: ("scoped",) + target(self, x)):
+        dispatcher = Child.f
+        Child.f = lambda self, x: ("later",) + dispatcher(self, x)
+        later = Child.f
+        assert Child().f(1) == ("later", "scoped", "fairseq", 1)
+    assert Child.f is later and Child().f(1) == ("later", "fairseq", 1)  # kept; the scope passes through
+
+
+def test_set_to_restores_an_instance_attribute_or_its_absence():
+    obj = types.SimpleNamespace(flag=False)
+    with Target(obj, "flag").set_to(True):
+        assert obj.flag is True
+    assert obj.flag is False
+    with Target(obj, "absent").set_to(1):
+        assert obj.absent == 1
+    assert not hasattr(obj, "absent")
 
 
 # -- a target that is not what the patch expects -------------------------------------------------------------------
@@ -337,9 +403,14 @@ def test_replace_unk(tiny):
         assert not getattr(generator, "unk_alignment", False)
         with pytest.raises(FileNotFoundError):
             fairseq_utils.load_align_dict("@@ ")  # --replace-unk alone: fairseq opens a file named '@@ '
+    model = tiny[2]
+    need_attn = {name: m.need_attn for name, m in model.named_modules() if hasattr(m, "need_attn")}
+    assert need_attn and not any(need_attn.values())  # prepared for inference: attention only on demand
     generator, hypos = hypotheses(tiny, replace_unk="@@ ")
     assert generator.unk_alignment and all(len(h[0]["alignment"]) > 0 for h in hypos)
     assert fairseq_utils.load_align_dict("@@ ") == {}
+    # attention was on for that generation only: the next one, without --replace-unk, computes none
+    assert {name: m.need_attn for name, m in model.named_modules() if hasattr(m, "need_attn")} == need_attn
 
 
 def test_hub_score(tiny):
@@ -565,6 +636,27 @@ def test_lost_worker(data_bin, monkeypatch):
     with pytest.raises(RuntimeError, match=r"^lost a worker on another host of 1 during training \(gloo: Connection "
                                            r"closed by peer\); stopped; restart all workers"):
         run()
+
+
+def test_heartbeat_timeout_reaches_init_process_group_which_is_left_as_found(data_bin, monkeypatch):
+    """--heartbeat-timeout S: the process group's timeout, through a torch.distributed.init_process_group
+    installed after the suite (kept afterwards, as found)."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    timeouts, real = [], torch.distributed.init_process_group
+
+    def recording(*args, **kwargs):
+        timeouts.append(kwargs.get("timeout"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch.distributed, "init_process_group", recording)
+    cfg = slurm_cfg(data_bin, "--distributed-world-size", "1", "--distributed-backend", "gloo", "--heartbeat-timeout",
+                    "17", "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}")
+    try:
+        distributed_utils.distributed_init(cfg)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    assert timeouts == [datetime.timedelta(seconds=17)]
+    assert torch.distributed.init_process_group is recording
 
 
 def test_preemption_option_from_the_configuration(data_bin):

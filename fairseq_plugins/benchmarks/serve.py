@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,7 @@ from typing import List, Optional, Sequence
 import httpx
 
 from fairseq_plugins.analysis.report import markdown_table
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from fairseq_plugins.network import free_port
 
 
 class ServerProcess:

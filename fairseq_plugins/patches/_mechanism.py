@@ -8,9 +8,15 @@ the patch is out. Installing checks every target first (exists, same parameters)
 mismatch the patch stays out whole, with one warning line naming it and the fairseq version.
 Uninstalling restores exactly what was there (an attribute that was inherited is deleted
 again), also when another patch was installed over the same attribute afterwards.
+
+A swap needed only during one call of the patch's own code is a scoped replacement instead:
+``with TARGET.replaced(function):`` (this thread only; see :meth:`Target.replaced`) or
+``with TARGET.set_to(value):`` (an attribute of an object the calling thread owns).
 """
+import contextlib
 import inspect
 import logging
+import threading
 
 logger = logging.getLogger("fairseq_plugins.patches")
 
@@ -39,9 +45,14 @@ class Target:
         self.original = None  # what the attribute gave when the patch was installed
         self.saved = None  # (whether it was in the owner's own __dict__, that raw value)
         self.replacement = None  # what the patch put there (while installed)
+        self._lock = threading.Lock()  # the scoped windows of replaced(): open and close
+        self._local = threading.local()  # .inside: this thread's replacements, innermost last
+        self._depth = 0  # windows of replaced() open, all threads together
 
     def __repr__(self):
-        owner = getattr(self.owner, "__qualname__", None) or self.owner.__name__
+        owner = getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", None)
+        if owner is None:  # an instance
+            return f"{type(self.owner).__name__} instance.{self.name}"
         module = getattr(self.owner, "__module__", None)
         return f"{module}.{owner}.{self.name}" if module else f"{owner}.{self.name}"
 
@@ -65,6 +76,67 @@ class Target:
         """The original: what was there at install, or the attribute itself while the patch is out."""
         original = self.original if self.replacement is not None else getattr(self.owner, self.name)
         return original(*args, **kwargs)
+
+    def _dispatcher(self, found):
+        """The attribute while windows are open: this thread's innermost replacement, or ``found``.
+
+        The calls a replacement makes pass through (to ``found``, also through a dispatcher of an
+        earlier window that a later wrapper still holds), so a replacement applies once per call.
+        """
+        local = self._local
+
+        def dispatch(*args, **kwargs):
+            inside = getattr(local, "inside", None)
+            if not inside or inside[-1] is None:
+                return found(*args, **kwargs)
+            inside.append(None)
+            try:
+                return inside[-2](*args, **kwargs)
+            finally:
+                inside.pop()
+        return dispatch
+
+    @contextlib.contextmanager
+    def replaced(self, replacement):
+        """Inside: ``replacement`` is the attribute for the calling thread only.
+
+        Other threads, and every call ``replacement`` makes (``self(...)`` included), get what the
+        attribute was when the first thread entered (a wrapper or a test's mock installed over
+        the suite included). When the last thread leaves, exactly that value is put back, unless
+        someone replaced the attribute meanwhile: theirs stays (the dispatcher they may wrap
+        passes through from then on).
+        """
+        with self._lock:
+            if self._depth == 0:
+                self.install(self._dispatcher(getattr(self.owner, self.name)))
+            self._depth += 1
+        inside = self._local.__dict__.setdefault("inside", [])
+        inside.append(replacement)
+        try:
+            yield
+        finally:
+            inside.pop()
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    if getattr(self.owner, self.name) is self.replacement:
+                        self.uninstall(())
+                    else:
+                        self.original = self.saved = self.replacement = None
+
+    @contextlib.contextmanager
+    def set_to(self, value):
+        """Inside: the attribute is ``value`` (for every thread: use it on objects the calling thread owns)."""
+        own = vars(self.owner)
+        saved = (self.name in own, own.get(self.name))
+        setattr(self.owner, self.name, value)
+        try:
+            yield
+        finally:
+            if saved[0]:
+                setattr(self.owner, self.name, saved[1])
+            else:
+                delattr(self.owner, self.name)
 
     def install(self, replacement):
         own = vars(self.owner)
@@ -92,12 +164,15 @@ class Patch:
     ``fixed_upstream()``: True where the installed fairseq has the fix already (the patch stays
     out, with a debug line); ``applies()``: False where the patch is for another fairseq version.
     ``setup``/``teardown``: what installing does besides replacing attributes, and its undoing.
+    ``scoped``: the targets its code replaces only within a call (:meth:`Target.replaced`),
+    checked at install like the others.
     """
 
     def __init__(self, module_name, replaces, requires=(), fixed_upstream=None, applies=None, setup=None,
-                 teardown=None):
+                 teardown=None, scoped=()):
         self.name = module_name.rsplit(".", 1)[-1]
         self.replaces = dict(replaces)
+        self.scoped = tuple(scoped)
         self.requires = tuple(requires)
         self.fixed_upstream, self.applies = fixed_upstream, applies
         self.setup, self.teardown = setup, teardown
@@ -112,7 +187,7 @@ class Patch:
             return logging.DEBUG, f"patch {self.name}: not for this fairseq ({versions()}); left out"
         if self.fixed_upstream is not None and self.fixed_upstream():
             return logging.DEBUG, f"patch {self.name}: the installed fairseq has this fix ({versions()}); left out"
-        problems = [p for p in (t.problem() for t in self.replaces) if p]
+        problems = [p for p in (t.problem() for t in (*self.replaces, *self.scoped)) if p]
         if problems:
             return logging.WARNING, (f"fairseq-plugins: patch {self.name} not installed, fairseq's own behaviour "
                                      f"is kept: {'; '.join(problems)} ({versions()})")

@@ -1,61 +1,28 @@
 """``torch.load`` weights-only for the thread inside one of fairseq's loads, unchanged for everyone else.
 
-fairseq's loaders call ``torch.load`` by name. While at least one thread is inside
-:func:`weights_only_torch_load`, ``torch.load`` is a wrapper that forces ``weights_only=True``
-for the threads inside it and calls whatever ``torch.load`` was when the first of them entered
-(a later wrapper or a test's mock included); other threads' calls pass through unchanged. When
-the last one leaves, exactly the value it found is put back -- unless someone replaced the
-wrapper meanwhile, whose value is then left in place (the wrapper stays a pass-through).
+fairseq's loaders call ``torch.load`` by name. :func:`weights_only_torch_load` replaces it for
+the calling thread only, through the scoped :meth:`~fairseq_plugins.patches._mechanism.Target.replaced`:
+that thread's calls force ``weights_only=True`` and reach whatever ``torch.load`` was when the
+window opened (a later wrapper or a test's mock included); other threads' calls pass through,
+and that value is put back afterwards. A patch using it lists :data:`TORCH_LOAD` as ``scoped``.
 :func:`allowing` is the allowlist half: ``add_safe_globals`` as a patch's setup and teardown.
 """
-import contextlib
-import threading
-
 import torch
 
-_lock = threading.Lock()
-_local = threading.local()  # .refuse: the current thread's error mapping, while inside
+from fairseq_plugins.patches._mechanism import Target
+
+TORCH_LOAD = Target(torch, "load")
 
 
-class _Window:
-    wrapper = None  # the torch.load installed by the first thread in
-    found = None  # what torch.load was then
-    depth = 0  # threads (and nested loads) inside
-
-
-def _wrapper(found):
-    def load(f, *args, **kwargs):
-        refuse = getattr(_local, "refuse", None)
-        if refuse is None:
-            return found(f, *args, **kwargs)
-        _local.refuse = None  # once per call: a wrapper of an earlier window down the chain passes through
-        kwargs["weights_only"] = True
-        try:
-            return found(f, *args, **kwargs)
-        except Exception as e:  # whatever the bytes make torch raise, the file is the cause
-            raise refuse(f, e) from None
-        finally:
-            _local.refuse = refuse
-    return load
-
-
-@contextlib.contextmanager
 def weights_only_torch_load(refuse):
     """Inside: this thread's ``torch.load`` is weights-only; a failure becomes ``refuse(f, error)``."""
-    with _lock:
-        if _Window.depth == 0:
-            _Window.found = torch.load
-            _Window.wrapper = torch.load = _wrapper(_Window.found)
-        _Window.depth += 1
-    outer, _local.refuse = getattr(_local, "refuse", None), refuse
-    try:
-        yield
-    finally:
-        _local.refuse = outer
-        with _lock:
-            _Window.depth -= 1
-            if _Window.depth == 0 and torch.load is _Window.wrapper:
-                torch.load = _Window.found
+    def load(f, *args, **kwargs):
+        kwargs["weights_only"] = True
+        try:
+            return TORCH_LOAD(f, *args, **kwargs)
+        except Exception as e:  # whatever the bytes make torch raise, the file is the cause
+            raise refuse(f, e) from None
+    return TORCH_LOAD.replaced(load)
 
 
 def allowing(classes):

@@ -10,6 +10,8 @@ attention weights (the suite's Transformer, which computes them only on demand, 
 ``generate``, and restores it afterwards. A model without attention (``has_attention = False``:
 RNNencdec, the seq2seq LSTM) is refused in one line instead of fairseq's ``IndexError``.
 """
+import contextlib
+
 from fairseq.sequence_generator import SequenceGeneratorWithAlignment
 
 from fairseq_plugins.errors import ConfigError
@@ -18,19 +20,22 @@ from fairseq_plugins.patches._mechanism import Patch, Target
 GENERATE = Target(SequenceGeneratorWithAlignment, "generate", "self, models, sample, **kwargs")
 
 
+def attention_on(models):
+    """Inside: ``need_attn`` is on in every module of ``models`` that has it; afterwards, what it was."""
+    scope = contextlib.ExitStack()
+    for model in models:
+        for module in model.modules():
+            if hasattr(module, "need_attn"):
+                scope.enter_context(Target(module, "need_attn").set_to(True))
+    return scope
+
+
 def _generate(self, models, sample, **kwargs):
     for model in self.model.models:
         if not getattr(model, "has_attention", True):
             raise ConfigError(f"--print-alignment: {type(model).__name__} has no attention to align with")
-    modules = [m for model in self.model.models for m in model.modules() if hasattr(m, "need_attn")]
-    before = [m.need_attn for m in modules]
-    for m in modules:
-        m.need_attn = True
-    try:
+    with attention_on(self.model.models):
         return GENERATE(self, models, sample, **kwargs)
-    finally:
-        for m, value in zip(modules, before):
-            m.need_attn = value
 
 
 PATCH = Patch(__name__, {GENERATE: _generate})

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fairseq_plugins.errors import CheckpointError
 from fairseq_plugins.patches._mechanism import Patch, Target
-from fairseq_plugins.patches._weights_only import allowing, weights_only_torch_load
+from fairseq_plugins.patches._weights_only import TORCH_LOAD, allowing, weights_only_torch_load
 
 BROADCAST = Target(distributed_utils, "_broadcast_object_slow", "obj, src_rank, group, dist_device")
 
@@ -64,5 +64,5 @@ def broadcast_object_slow(obj, src_rank, group, dist_device):
 
 _setup, _teardown = allowing([Config, distributed_utils._TensorPlaceholder])
 # requires checkpoint_loading: the allowlist of a checkpoint's classes is its
-PATCH = Patch(__name__, {BROADCAST: broadcast_object_slow}, requires=["checkpoint_loading"], setup=_setup,
-              teardown=_teardown)
+PATCH = Patch(__name__, {BROADCAST: broadcast_object_slow}, requires=["checkpoint_loading"], scoped=[TORCH_LOAD],
+              setup=_setup, teardown=_teardown)

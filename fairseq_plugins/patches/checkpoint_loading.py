@@ -20,7 +20,7 @@ from fairseq import checkpoint_utils
 
 from fairseq_plugins.errors import CheckpointError
 from fairseq_plugins.patches._mechanism import Patch, Target
-from fairseq_plugins.patches._weights_only import allowing, weights_only_torch_load
+from fairseq_plugins.patches._weights_only import TORCH_LOAD, allowing, weights_only_torch_load
 
 LOAD = Target(checkpoint_utils, "load_checkpoint_to_cpu", "path, arg_overrides, load_on_all_ranks")
 LOAD_EMA = Target(checkpoint_utils, "load_ema_from_checkpoint", "fpath")
@@ -73,4 +73,4 @@ def load_ema_from_checkpoint(path):
 
 _setup, _teardown = allowing(FAIRSEQ_CHECKPOINT_GLOBALS)
 PATCH = Patch(__name__, {LOAD: load_checkpoint_to_cpu, LOAD_EMA: load_ema_from_checkpoint},
-              setup=_setup, teardown=_teardown)
+              scoped=[TORCH_LOAD], setup=_setup, teardown=_teardown)

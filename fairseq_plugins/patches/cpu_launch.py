@@ -25,13 +25,13 @@ import logging
 import os
 import re
 import signal
-import socket
 import sys
 
 import torch
 from fairseq.distributed import utils as distributed_utils
 
 from fairseq_plugins.errors import ConfigError, PluginError
+from fairseq_plugins.network import free_port
 from fairseq_plugins.patches._mechanism import Patch, Target
 
 logger = logging.getLogger(__name__)
@@ -77,12 +77,6 @@ def _from_launcher(d, name, world, rank, local_rank):
     d.distributed_no_spawn = True
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cpu_backends(d):
     """fairseq's defaults (nccl, pytorch_ddp) need a GPU per worker: the CPU ones instead."""
     if d.distributed_backend == "nccl":
@@ -100,7 +94,7 @@ def configure_cpu(cfg):
     if d.distributed_init_method is None and launcher:
         _from_launcher(d, *launcher)
     elif d.distributed_init_method is None and d.distributed_world_size > 1:
-        port = d.distributed_port if d.distributed_port > 0 else _free_port()
+        port = d.distributed_port if d.distributed_port > 0 else free_port()
         d.distributed_init_method = f"tcp://127.0.0.1:{port}"
         d.distributed_no_spawn = False
     elif d.distributed_init_method is not None and not d.distributed_no_spawn and d.distributed_rank:
@@ -166,4 +160,5 @@ def call_main(cfg, main, **kwargs):
     return CALL_MAIN(cfg, main, **kwargs)
 
 
-PATCH = Patch(__name__, {CALL_MAIN: call_main})
+# requires lost_worker: the spawned workers' one-line errors (_spawned) include a lost peer's
+PATCH = Patch(__name__, {CALL_MAIN: call_main}, requires=["lost_worker"])

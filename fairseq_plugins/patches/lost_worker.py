@@ -25,6 +25,7 @@ from fairseq_plugins.errors import PluginError
 from fairseq_plugins.patches._mechanism import Patch, Target
 
 INIT = Target(distributed_utils, "distributed_init", "cfg")
+INIT_PROCESS_GROUP = Target(dist, "init_process_group")  # fairseq's distributed_init calls it by name
 MAIN = Target(distributed_utils, "distributed_main", "i, main, cfg, kwargs")
 
 PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out",
@@ -91,12 +92,9 @@ def distributed_init(cfg):
     timeout = cfg.distributed_training.heartbeat_timeout
     if timeout <= 0 or dist.is_initialized():
         return INIT(cfg)
-    real = dist.init_process_group
-    dist.init_process_group = functools.partial(real, timeout=datetime.timedelta(seconds=timeout))
-    try:
+    with_timeout = functools.partial(INIT_PROCESS_GROUP, timeout=datetime.timedelta(seconds=timeout))
+    with INIT_PROCESS_GROUP.replaced(with_timeout):
         return INIT(cfg)
-    finally:
-        dist.init_process_group = real
 
 
 def distributed_main(i, main, cfg, kwargs):
@@ -111,4 +109,4 @@ def distributed_main(i, main, cfg, kwargs):
         raise _report(e, cfg, peers) from None
 
 
-PATCH = Patch(__name__, {INIT: distributed_init, MAIN: distributed_main})
+PATCH = Patch(__name__, {INIT: distributed_init, MAIN: distributed_main}, scoped=[INIT_PROCESS_GROUP])

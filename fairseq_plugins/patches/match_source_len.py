@@ -48,23 +48,16 @@ def _constrained_step(search_step, eos, keys, words_by_key):
     return step
 
 
-@contextlib.contextmanager
 def _matching_source_length(generator, sample):
-    """For one call: the generator's search constrained to the source lengths of ``sample``."""
+    """For one call: the generator's search constrained to the source lengths of ``sample``: a scoped
+    replacement of this search object's ``step`` (one generator decodes in one thread at a time:
+    fairseq's search objects keep state between steps)."""
     if not generator.match_source_len:
-        yield
-        return
+        return contextlib.nullcontext()
     search = generator.search
-    own_step = vars(search).get("step")  # an instance attribute someone else set, if any
-    choose = search.beam.step if isinstance(search, LengthConstrainedBeamSearch) else search.step
-    search.step = _constrained_step(choose, generator.eos, *_source_words(generator, sample))
-    try:
-        yield
-    finally:
-        if own_step is None:
-            del search.step  # back to the class's method
-        else:
-            search.step = own_step
+    step = Target(search, "step")
+    choose = search.beam.step if isinstance(search, LengthConstrainedBeamSearch) else step
+    return step.replaced(_constrained_step(choose, generator.eos, *_source_words(generator, sample)))
 
 
 def generate(self, models, sample, **kwargs):

@@ -6,8 +6,9 @@ After each update every worker calls fairseq's ``validate_and_save``; there the 
 all-reduce the flag, so all of them see a stop at the same update even when the signal reached
 only some (a collective that some ranks skip would deadlock). They finish that update's
 scheduled validation and saves as an uninterrupted run would, save ``checkpoint_last.pt``
-(atomically, see ``atomic_checkpoints``) if the update was not a save point, and exit with
-status :data:`EXIT_PREEMPTED` after rank 0 prints one line. The same command resumes from that
+(atomically, see ``atomic_checkpoints``) if the update was not a save point, wait for each
+other (no worker exits before rank 0's checkpoint is complete), and exit at once with status
+:data:`EXIT_PREEMPTED` after rank 0 prints one line. The same command resumes from that
 update, so the run ends as an uninterrupted one would.
 
 ``--preemption-timeout S`` (default 60) bounds the wait: a worker that has not stopped S
@@ -19,6 +20,7 @@ with the same status, without a new checkpoint. It is a field of fairseq's ``Che
 fairseq's training loop starts (``fairseq_cli.train.train``); the run's state lives on its trainer.
 """
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -26,6 +28,7 @@ import threading
 
 import fairseq_cli.train as fairseq_train
 import torch
+import torch.distributed as dist
 from fairseq import checkpoint_utils
 from fairseq.dataclass.configs import CheckpointConfig
 from fairseq.dataclass.initialize import hydra_init
@@ -133,21 +136,36 @@ def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
     return path
 
 
+def _stop(cfg, trainer, epoch_itr, preemption):
+    """Save the stop's checkpoint, wait for every worker to be there, and exit at once."""
+    update = trainer.get_num_updates()
+    if preemption.saved_at != update:
+        checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
+    preemption.stopping = True
+    if trainer.data_parallel_world_size > 1:
+        # No worker leaves before rank 0's checkpoint is complete: a launcher that ends the job at its
+        # first exit (torchrun, srun --kill-on-bad-exit) would kill rank 0 in the middle of the save.
+        dist.barrier(group=trainer.data_parallel_process_group)
+    if trainer.data_parallel_rank == 0:
+        last = os.path.join(cfg.checkpoint.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
+        print(f"preempted ({preemption.received or 'signal to another worker'}): saved {last} at update "
+              f"{update}; rerun the same command to resume (exit status {EXIT_PREEMPTED})",
+              file=sys.stderr, flush=True)
+    # The checkpoint is durable (atomic_checkpoints fsyncs it). Nothing runs after it that could turn the
+    # stop into a death by signal: no interpreter teardown of fairseq's threads and gloo groups, which
+    # races with the peers' own exits (a worker died of SIGABRT there); as --preemption-timeout does.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_PREEMPTED)
+
+
 def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch):
     preemption = vars(trainer).get("preemption")
     stop = preemption is not None and _stop_agreed(trainer, preemption)
     valid_losses, should_stop = VALIDATE_AND_SAVE(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch)
     if stop and not should_stop:  # a run that ends here anyway ends normally
-        update = trainer.get_num_updates()
-        if preemption.saved_at != update:
-            checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, None)
-        preemption.stopping = True
-        if trainer.data_parallel_rank == 0:
-            last = os.path.join(cfg.checkpoint.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
-            print(f"preempted ({preemption.received or 'signal to another worker'}): saved {last} at update "
-                  f"{update}; rerun the same command to resume (exit status {EXIT_PREEMPTED})",
-                  file=sys.stderr, flush=True)
-        sys.exit(EXIT_PREEMPTED)
+        _stop(cfg, trainer, epoch_itr, preemption)
     return valid_losses, should_stop
 
 

@@ -12,7 +12,8 @@ every form; the fixes:
 * ``--replace-unk`` without a file name: the flag's constant is ``'@@ '``, which fairseq opens
   as the dictionary's file name; it now means "copy the source word".
 * no alignment: the plain generator leaves ``hypo["alignment"]`` empty (``IndexError``); the
-  decoders are asked for attention and the hard alignment is extracted from it.
+  decoders are asked for attention during the generation (``need_attn`` as before afterwards)
+  and the hard alignment is extracted from it.
 * ``--print-alignment``: the alignment is a list of (source, target) word pairs, or of
   probability rows with ``soft`` (``TypeError``); both are read as such.
 """
@@ -26,6 +27,7 @@ from omegaconf import open_dict
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.patches._mechanism import Patch, Target
+from fairseq_plugins.patches.alignment_attention import attention_on
 
 LOAD_ALIGN_DICT = Target(fairseq_utils, "load_align_dict", "replace_unk")
 REPLACE_UNK = Target(fairseq_utils, "replace_unk", "hypo_str, src_str, alignment, align_dict, unk")
@@ -88,26 +90,24 @@ def _replacing(args):
 def build_generator(self, models, args, *more, **kwargs):
     generator = BUILD_GENERATOR(self, models, args, *more, **kwargs)
     if _replacing(args):
-        for model in models:  # decoders that compute attention only on demand
-            for module in model.modules():
-                if hasattr(module, "need_attn"):
-                    module.need_attn = True
         generator.unk_alignment = True
     return generator
 
 
 def inference_step(self, generator, models, sample, *args, **kwargs):
-    hypos = INFERENCE_STEP(self, generator, models, sample, *args, **kwargs)
-    if getattr(generator, "unk_alignment", False):
-        src_tokens = sample["net_input"]["src_tokens"]
-        pad, eos = generator.pad, generator.eos
-        for i, sentence in enumerate(hypos):
-            for hypo in sentence:
-                attention, alignment = hypo.get("attention"), hypo.get("alignment")
-                empty = isinstance(alignment, torch.Tensor) and alignment.numel() == 0
-                if empty and attention is not None and attention.numel() > 0:
-                    hypo["alignment"] = fairseq_utils.extract_hard_alignment(
-                        attention.t().float().cpu(), src_tokens[i].cpu(), hypo["tokens"].cpu(), pad, eos)
+    if not getattr(generator, "unk_alignment", False):
+        return INFERENCE_STEP(self, generator, models, sample, *args, **kwargs)
+    with attention_on(models):  # decoders that compute attention only on demand
+        hypos = INFERENCE_STEP(self, generator, models, sample, *args, **kwargs)
+    src_tokens = sample["net_input"]["src_tokens"]
+    pad, eos = generator.pad, generator.eos
+    for i, sentence in enumerate(hypos):
+        for hypo in sentence:
+            attention, alignment = hypo.get("attention"), hypo.get("alignment")
+            empty = isinstance(alignment, torch.Tensor) and alignment.numel() == 0
+            if empty and attention is not None and attention.numel() > 0:
+                hypo["alignment"] = fairseq_utils.extract_hard_alignment(
+                    attention.t().float().cpu(), src_tokens[i].cpu(), hypo["tokens"].cpu(), pad, eos)
     return hypos
 
 
