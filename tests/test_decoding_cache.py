@@ -104,7 +104,7 @@ def test_every_step_equals_a_full_forward_of_the_reordered_prefixes(arch, scenar
         if beam:  # SequenceGenerator's expansion: each sentence `beam` times, consecutively
             first = rows.repeat_interleave(beam)
         else:  # a first reorder that is not beams: repeated, crossing rows
-            first = torch.tensor([2, 0, 0, 3, 1, 2, 3])
+            first = torch.tensor([2, 0, 0, 3, 1, 2, 3, 1])  # twice the rows, not beams
         if beam != 1:
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, first)
             rows = rows[first]
