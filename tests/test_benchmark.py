@@ -30,7 +30,7 @@ MEASUREMENTS = [
 def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     out = tmp_path / "bench.md"
     stdout = run(["fairseq-plugins-benchmark", "--data", data_bin, "--preset", "tiny", "--repeats", "1",
-                  "--threads", "1", "--out", out])
+                  "--threads", "1", "--beam", "3", "--max-len", "7", "--out", out])
     report = out.read_text()
     assert report.strip() in stdout  # the file holds the printed report
     assert re.search(r"^- date: \d{4}-\d\d-\d\d", report, re.M)
@@ -48,10 +48,13 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
             assert re.fullmatch(r"\d+\.\d+×", ratio), (key, ratio)
         assert (pair, "hypotheses identical") in cells
     assert cells[("transformer", "hypotheses identical")][0] == "True (4/4)"
+    assert "at beam 3 (" in report and "length 7 to 0·|x|+7" in report and ("transformer", "generate sentences/s (beam 3)") in cells
+    lengths = re.findall(r"^- generate \w+ \w+ .*hypothesis length ([\d.]+) tokens", report, re.M)
+    assert len(lengths) == 4 and set(lengths) == {"8.0"}, lengths  # --max-len 7: 7 tokens and EOS, every model
     # each target verdict agrees with the ratio printed beside it (the bounds are the suite's targets)
     targets = {("transformer", "train target tokens/s"): ("≥", 1.0),
-               ("transformer", "generate sentences/s"): ("≥", 1.3),
-               ("rnnsearch", "train target tokens/s"): ("≥", 1.0), ("rnnsearch", "generate hypothesis tokens/s"): ("≥", 1.0),
+               ("transformer", "generate sentences/s"): ("≥", 1.5),
+               ("rnnsearch", "train target tokens/s"): ("≥", 1.0), ("rnnsearch", "generate hypothesis tokens/s"): ("≥", 1.3),
                ("transformer", "train peak RSS"): ("≤", 1.0), ("transformer", "generate peak RSS"): ("≤", 1.0),
                ("rnnsearch", "train peak RSS"): ("≤", 1.0)}
     for (pair, name), (sense, bound) in targets.items():
@@ -121,6 +124,9 @@ def test_scale_bad_flags_give_one_line_errors(argv, message, capsys):
     (["--pairs", "transformer,gru"], "--pairs: unknown pair 'gru'"),
     (["--repeats", "0"], "--repeats must be at least 1"),
     (["--data", "/nonexistent/data-bin"], "--data /nonexistent/data-bin: no such directory"),
+    (["--beam", "0"], "--beam must be at least 1"),
+    (["--max-len", "0"], "--max-len must be at least 1"),
+    (["--max-len", "30", "--min-len", "5"], "--min-len 5 with --max-len 30: --max-len fixes the hypothesis length"),
 ])
 def test_bad_flags_give_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

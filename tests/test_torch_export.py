@@ -11,6 +11,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 import fairseq_plugins  # noqa: F401  (registers the models)
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.export.torch_export import export_encoder, export_model, state_names
+from fairseq_plugins.modules.beam_cache import BeamCache
 
 DICT = Dictionary()
 for _w in range(30):
@@ -57,9 +58,10 @@ def test_exported_encoder_and_decoder_step_equal_eager_decoding(arch):
         with torch.no_grad():
             encoder_out = model.encoder(src)
             state = encoder.module()(src)
-            eager_state = model.decoder.initial_cache(encoder_out)
+            eager_state = BeamCache.for_encoder_out(encoder_out)
+            model.decoder.start_cache(encoder_out, eager_state)
             for name, tensor in zip(names, state):
-                close(tensor, eager_state[name])
+                close(tensor, eager_state.get(name))
             incremental_state, prev = {}, torch.full((len(lengths), 1), DICT.eos())
             for _ in range(6):  # greedy decoding, the eager decoder as fairseq's generator drives it
                 logits, _ = model.decoder(prev, encoder_out, incremental_state=incremental_state)

@@ -16,6 +16,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.transformer import VaswaniTransformerModel
+from fairseq_plugins.modules.beam_cache import BeamCache, get_cache
 from fairseq_plugins.modules.multihead_attention import MultiheadAttention
 from fairseq_plugins.modules.positional_embedding import PositionalEncoding
 from fairseq_plugins.modules.transformer_layer import TransformerDecoderLayer, TransformerEncoderLayer
@@ -271,6 +272,35 @@ def test_converted_builtin_transformer_gives_the_same_log_probs(flags, src, tgt,
     assert (got - expected)[real].abs().max() < TOL
 
 
+@pytest.mark.parametrize("beam", [1, 4, 8])
+def test_converted_builtin_transformer_generates_the_same_hypotheses(beam):
+    """Beam search with fairseq's own generator: ours (its decoding cache) and fairseq's
+    ``transformer`` (its own incremental state) on the same weights, with alignments."""
+    fairseq_model, args = builtin(SRC, TGT, share_decoder_input_output_embed=True)
+    with torch.no_grad():
+        for p in fairseq_model.parameters():  # outputs that are not all EOS
+            p.normal_(0.0, 0.3)
+    new_args = convert_args(args)
+    ours = VaswaniTransformerModel.build_model(copy.copy(new_args), task(SRC, TGT)).eval()
+    ours.load_state_dict(convert_state_dict(fairseq_model.state_dict(), new_args))
+    src_tokens = tokens(SRC, [9, 4, 6, 11], seed=7)
+    sample = {"net_input": {"src_tokens": src_tokens, "src_lengths": src_tokens.ne(SRC.pad()).sum(1)}}
+    hypos = []
+    for model in (ours, fairseq_model):
+        model.decoder.need_attn = True  # what --print-alignment sets (prepare_for_inference_)
+        generator = SequenceGenerator([model], TGT, beam_size=beam, max_len_b=12)
+        with torch.no_grad():
+            hypos.append(generator.generate([model], sample))
+    words = 0
+    for ours_hypos, theirs_hypos in zip(*hypos):
+        for a, b in zip(ours_hypos, theirs_hypos):
+            assert torch.equal(a["tokens"], b["tokens"])
+            assert abs(a["score"].item() - b["score"].item()) < TOL
+            assert (a["attention"] - b["attention"]).abs().max() < TOL
+            words += a["tokens"].numel()
+    assert words > 2 * src_tokens.size(0)
+
+
 def test_converter_refuses_what_it_cannot_reproduce():
     _, args = builtin(JOINED, JOINED, activation_fn="gelu")
     with pytest.raises(Exception, match="activation_fn='gelu'"):
@@ -346,12 +376,14 @@ def test_incremental_decoding_equals_full_forward_under_any_reorder(flags):
             assert (attn - full_extra["attn"][0][rows, t:t + 1]).abs().max() < TOL, t
 
 
-def self_attn_buffers(state):
-    return [v["buf"] for k, v in state.items() if k.endswith("self_kv")]
+def self_attn_buffers(model, state):
+    cache = get_cache(model.decoder, state)
+    return [cache.tensors[name] for name in cache.names("entries")]
 
 
-def encoder_kv(state):
-    return [v["kv"] for k, v in state.items() if k.endswith("static_kv")]
+def encoder_kv(model, state):
+    cache = get_cache(model.decoder, state)
+    return [cache.get(name) for name in cache.names("sentences") if name.endswith("encoder_attn.kv")]
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(encoder_normalize_before=True, decoder_normalize_before=True)])
@@ -373,37 +405,19 @@ def test_beam_decoding_equals_full_forward_and_moves_no_cache_within_beams(flags
         rows, state = beam, {}
         lp, _ = step_by_step(model, encoder_out, prev[rows], state, 0, 1)
         assert (lp - log_probs(model, src[rows], prev[rows, :1])).abs().max() < TOL
-        assert all(kv.size(0) == 3 for kv in encoder_kv(state))  # once per sentence
+        assert all(kv.size(0) == 3 for kv in encoder_kv(model, state))  # once per sentence
         for t, order in enumerate(orders, start=1):
-            buffers = [b.data_ptr() for b in self_attn_buffers(state)]
+            buffers = [b.data_ptr() for b in self_attn_buffers(model, state)]
             model.decoder.reorder_incremental_state_scripting(state, order)
             if order.numel() == rows.numel() and 1 < t < 16:  # within-beam reorders copy no cache entry
-                assert [b.data_ptr() for b in self_attn_buffers(state)] == buffers
+                assert [b.data_ptr() for b in self_attn_buffers(model, state)] == buffers
             rows = rows[order]
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
             lp, attn = step_by_step(model, encoder_out, prev[rows], state, t, t + 1)
             full = log_probs(model, src[rows], prev[rows, : t + 1])
             assert (lp - full[:, t:]).abs().max() < TOL, t
-        assert self_attn_buffers(state)[0].size(1) == 32  # grew once, from 16
-        assert all(kv.size(0) == 1 for kv in encoder_kv(state))
-
-
-def test_rows_that_are_not_beams_fail_loudly():
-    """The beam layout is checked on the device (no host synchronisation): rows of a "beam" that
-    are different sentences, or a reorder across beams, raise instead of decoding wrong rows."""
-    model = build(share_all_embeddings=True)
-    src, prev = tokens(JOINED, [7, 3, 5, 4]), prev_output(JOINED, [4, 4, 4, 4])
-    with torch.no_grad():
-        encoder_out = model.encoder.reorder_encoder_out(model.encoder(src[:2]), torch.tensor([0, 0, 1, 1]))
-        across = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([0, 2, 1, 3]))
-        with pytest.raises(RuntimeError, match=r"not beams of 2 .*repeated each row 2 times"):
-            model.decoder(prev[:4, :1], across, {})  # beams of two sentences each
-        state = {}
-        model.decoder(prev[:4, :1], encoder_out, state)
-        with pytest.raises(RuntimeError, match="not beams of 2"):
-            model.decoder.reorder_incremental_state(state, torch.tensor([0, 2, 1, 3]))
-        with pytest.raises(ConfigError, match="3 rows is not whole beams of 2"):
-            model.decoder.reorder_incremental_state(state, torch.tensor([0, 1, 2]))
+        assert self_attn_buffers(model, state)[0].size(1) == 32  # grew once, from 16
+        assert all(kv.size(0) == 1 for kv in encoder_kv(model, state))
 
 
 def test_greedy_decoding_after_a_beam_search_on_the_same_model():
@@ -420,13 +434,18 @@ def test_greedy_decoding_after_a_beam_search_on_the_same_model():
         assert (lp - log_probs(model, src, prev[:, :3])).abs().max() < TOL
 
 
-def test_slot_cache_equals_naive_cat_reference():
-    """One self-attention module: the grouped in-place cache (decoder's slot bookkeeping) against
-    a cache kept the naive way, keys/values concatenated per step and index_select-ed per reorder."""
+def test_beam_cache_self_attention_equals_naive_cat_reference():
+    """One self-attention module on a BeamCache in beams of 3 (entries written in place, read
+    through the slot mask) against keys/values kept the naive way, concatenated per step and
+    index_select-ed per reorder."""
     model = build(share_all_embeddings=True)
-    decoder, attn = model.decoder, model.decoder.layers[0].self_attn
+    attn = model.decoder.layers[0].self_attn
     g = torch.Generator().manual_seed(3)
-    state, ref_kv, group, n = {}, None, 3, 6
+    group, n = 3, 6
+    cache = BeamCache(n, group)
+    cache.reserve(attn.cache_name, (2, attn.num_heads, attn.d_k), torch.zeros(1))
+    cache.put("sentences", "unused", torch.zeros(n // group))  # something shared: the beam layout's fast path
+    ref_kv = None
     x = torch.randn(n, 1, 64, generator=g)
     with torch.no_grad():
         for t in range(20):
@@ -434,16 +453,17 @@ def test_slot_cache_equals_naive_cat_reference():
                 order = torch.randint(0, group, (n,), generator=g) + torch.arange(n) // group * group
                 if t == 13:
                     order, n = order[3:], 3  # the first beam finished
-                decoder.reorder_incremental_state(state, order)
+                cache.reorder(order)
                 ref_kv = ref_kv.index_select(0, order)
                 x = x[order] + torch.randn(n, 1, 64, generator=g)
-            slot_mask = decoder._slot_mask(state, n, group)
-            out, _ = attn(x, attn_mask=slot_mask, incremental_state=state, group=group)
+            cache.begin_step()
+            out, _ = attn(x, cache=cache)
             qkv = attn.in_proj(x).view(n, 1, 3, 4, 16).permute(0, 2, 3, 1, 4)  # [N, 3, h, 1, d_k]
             ref_kv = qkv[:, 1:] if ref_kv is None else torch.cat([ref_kv, qkv[:, 1:]], dim=3)
             scores = qkv[:, 0] @ ref_kv[:, 0].transpose(-2, -1) / 4.0  # QKᵀ/√d_k
             ref = attn.out_proj((scores.softmax(-1) @ ref_kv[:, 1]).transpose(1, 2).reshape(n, 1, 64))
             assert (out - ref).abs().max() < TOL, t
+        assert cache.beam == group
 
 
 # ---------------------------------------------------------------- padding invariance

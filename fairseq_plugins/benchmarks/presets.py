@@ -79,10 +79,16 @@ def training_argv(args, model_flags: List[str], save_dir: str, criterion: str = 
         "--disable-validation", "--no-progress-bar", "--save-dir", save_dir, *device_flags(device, fp16)]]
 
 
+def length_limits(args):
+    """(a, b) of the length limit a·|x| + b: ``--max-len`` L fixes it at L (with ``--min-len`` L)."""
+    return (0, args.max_len) if args.max_len else (MAX_LEN_A, MAX_LEN_B)
+
+
 def generation_argv(args) -> List[str]:
+    max_len_a, max_len_b = length_limits(args)
     return [str(a) for a in [
         args.data, "--user-dir", USER_DIR, "--task", "translation", *args.lang_flags, "--gen-subset", "test",
-        "--beam", 4, "--batch-size", args.gen_batch, "--max-len-a", MAX_LEN_A, "--max-len-b", MAX_LEN_B,
+        "--beam", args.beam, "--batch-size", args.gen_batch, "--max-len-a", max_len_a, "--max-len-b", max_len_b,
         "--min-len", args.min_len,
         "--seed", 1, "--num-workers", 0, *device_flags(args.device, args.fp16)]]
 

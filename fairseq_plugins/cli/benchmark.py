@@ -1,7 +1,8 @@
 """Side-by-side benchmark of the suite's models against fairseq's built-ins, in one run.
 
     fairseq-plugins-benchmark [--data DIR] [--preset tiny|cpu|base|big] [--device cpu|cuda]
-                              [--fp16 | --bf16] [--repeats 3] [--budget-minutes M] [--out FILE]
+                              [--fp16 | --bf16] [--beam 4] [--max-len L] [--repeats 3]
+                              [--budget-minutes M] [--out FILE]
 
 What is measured and how: :mod:`fairseq_plugins.benchmarks`.
 """
@@ -36,6 +37,11 @@ def get_parser() -> ArgumentParser:
     parser.add_argument("--updates", type=int, help="timed updates per training measurement (default: per preset)")
     parser.add_argument("--sentences", type=int, help="test sentences per generation measurement (default: per preset)")
     parser.add_argument("--gen-batch", type=int, help="sentences per generation batch (default: per preset)")
+    parser.add_argument("--beam", type=int, default=4, help="beam size of generation (default: 4)")
+    parser.add_argument("--max-len", type=int,
+                        help="fixed-length hypotheses: generation runs with --min-len and --max-len-b L, "
+                             "--max-len-a 0, so every hypothesis of both models has L tokens (default: "
+                             "lengths from --min-len to 1.2·|x|+10)")
     parser.add_argument("--min-len", type=int,
                         help="shortest hypothesis (fairseq-generate's --min-len): the few updates a benchmark "
                              "trains leave models that stop after a few words (default: the shortest sentence "
@@ -69,13 +75,17 @@ def check_args(args):
     if not args.pairs:
         raise ConfigError("--pairs: no pair given")
     complete_run_args(args, preset,
-                      ("repeats", "warmup", "updates", "sentences", "gen_batch", "max_tokens", "min_len", "threads"))
+                      ("repeats", "warmup", "updates", "sentences", "gen_batch", "max_tokens", "min_len", "threads",
+                       "beam", "max_len"))
     if args.num_workers < 0:
         raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
     if args.fp16 and args.device != "cuda":
         raise ConfigError("--fp16 needs --device cuda (fairseq's fp16 training does not run on CPU); use --bf16 on CPU")
+    if args.max_len is not None and args.min_len is not None and args.min_len != args.max_len:
+        raise ConfigError(f"--min-len {args.min_len} with --max-len {args.max_len}: --max-len fixes the "
+                          "hypothesis length, leave --min-len out")
     if args.min_len is None:
-        args.min_len = 1 if args.data else preset["corpus"][3]
+        args.min_len = args.max_len or (1 if args.data else preset["corpus"][3])
     return args
 
 

@@ -12,14 +12,18 @@ state rows with ``index_select``) runs outside. Batch and source length are dyna
 (the eager code's Python loop and packed sequences cannot be traced for an unknown length);
 each step is the eager model's own code.
 
-Families: ``rnnsearch`` and ``rnnencdec`` (state: ``s`` and the per-sentence context
-tensors), ``seq2seq_lstm`` (``h``, ``c`` per layer), ``vaswani_transformer`` (every layer's
-encoder–decoder keys/values [B, 2, h, S, d_k] and self-attention keys/values so far
-[B, t, 1, 2, h, d_k], t = 0 after the encoder, and the source padding mask [B, S]); for the
-Transformer the target length t is dynamic too (up to ``--max-target-positions``). Every state
-tensor is batch-first. The Transformer's step is the eager decoder's code on a cache handed in
-without a preallocated buffer, which grows by concatenation (eagerly it is written in place);
-:func:`export_encoder` exports its encoder alone.
+The state is the decoder's :class:`~fairseq_plugins.modules.beam_cache.BeamCache` flattened
+into tensors, in the order :func:`state_names` gives: ``rnnsearch`` ``s``, ``h``, ``U_a_h``,
+``padding_mask``; ``rnnencdec`` ``s``, ``c``; ``seq2seq_lstm`` ``h``, ``c`` (per layer);
+``vaswani_transformer`` every layer's encoder–decoder keys/values [B, 2, h, S, d_k], every
+layer's self-attention keys/values so far [B, t, 1, 2, h, d_k] (t = 0 after the encoder) and the
+source padding mask [B, S]. Every state tensor is batch-first. The programs run the decoder's
+own ``start_cache`` and decoding step on an :class:`ExportCache`, a BeamCache whose
+self-attention entries grow by concatenation (``torch.export`` traces that for any target length;
+eagerly they are written in place). Which dimensions are dynamic (batch, source length, target
+length, the latter two bounded by the Transformer's position tables) is found by running the
+programs on examples that differ in one of them. :func:`export_encoder` exports the
+Transformer's encoder alone.
 """
 from typing import Dict, List, Tuple
 
@@ -29,15 +33,41 @@ from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.models.rnnsearch import ConditionalGRUDecoder
-from fairseq_plugins.models.seq2seq_lstm import LSTMDecoder
 from fairseq_plugins.models.transformer import VaswaniTransformerDecoder, VaswaniTransformerEncoder
+from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, put_cache
 
-# the incremental-state entry each decoder keeps its state in, and which of its tensors
-# have a source-length dimension (dim 1: RNNsearch's annotations)
-STATES = {ConditionalGRUDecoder: ("cache", {"h", "U_a_h", "padding_mask"}), LSTMDecoder: ("state", set())}
-# beam search's map from hypotheses to their sentences (None outside a beam): not a program input
-BEAM_ONLY = ("rows",)
+TRACED_STEPS = 2  # decoding steps before the step is traced: a traced length of 0 or 1 would be specialised
+
+
+class ExportCache(BeamCache):
+    """A BeamCache (G = 1) that is a program's inputs and outputs: self-attention entries are the
+    tensors so far, [B, t, 1, ...], and grow by concatenation instead of into a buffer."""
+
+    @classmethod
+    def from_state(cls, kinds: Dict[str, str], state: Tuple[Tensor, ...]) -> "ExportCache":
+        cache = cls(state[0].size(0), 1, state[0].device)
+        cache.kinds = dict(kinds)
+        cache.tensors = dict(zip(kinds, state))
+        return cache
+
+    def reserve(self, name, entry_shape, like):
+        self.kinds[name] = "entries"
+        self.tensors[name] = like.new_zeros(self.slots.size(0), 0, 1, *entry_shape)
+
+    def append(self, name, new):
+        self.tensors[name] = torch.cat([self.tensors[name], new.reshape(-1, 1, 1, *new.shape[1:])], dim=1)
+        return self.tensors[name]
+
+    def get(self, name):
+        return self.tensors[name]
+
+    @property
+    def steps(self) -> int:
+        entries = self.names("entries")
+        return self.tensors[entries[0]].size(1) if entries else 0
+
+    def state(self) -> Tuple[Tensor, ...]:
+        return tuple(self.tensors[name] for name in self.kinds)
 
 
 def _example_source(dictionary, lengths=(7, 5)) -> Tensor:
@@ -47,122 +77,92 @@ def _example_source(dictionary, lengths=(7, 5)) -> Tensor:
     return torch.tensor(rows)
 
 
-def _states(decoder: nn.Module):
-    for cls, states in STATES.items():
-        if isinstance(decoder, cls):
-            return states
-    raise ConfigError(f"{type(decoder).__name__}: no step-wise export for this decoder "
-                      f"(supported: {', '.join(c.__name__ for c in STATES)})")
-
-
-def state_names(model) -> List[str]:
-    """Names of the state tensors, in the order the programs take and return them."""
-    if isinstance(model.decoder, VaswaniTransformerDecoder):
-        layers = range(len(model.decoder.layers))
-        return ([f"layers.{i}.encoder_attn.kv" for i in layers] + [f"layers.{i}.self_attn.kv" for i in layers]
-                + ["encoder_padding_mask"])
-    _states(model.decoder)
-    with torch.no_grad():
-        src = _example_source(model.encoder.dictionary)
-        cache = model.decoder.initial_cache(model.encoder(src))
-        return [name for name in cache if name not in BEAM_ONLY]
-
-
 class EncoderProgram(nn.Module):
-    def __init__(self, model, names: List[str]):
-        super().__init__()
-        self.encoder, self.decoder, self.names = model.encoder, model.decoder, names
-
-    def forward(self, src_tokens: Tensor) -> Tuple[Tensor, ...]:
-        state = self.decoder.initial_cache(self.encoder(src_tokens))
-        return tuple(state[name] for name in self.names)
-
-
-class DecoderStepProgram(nn.Module):
-    """One step of the eager decoder, its incremental state built from the inputs."""
-
-    def __init__(self, model, names: List[str]):
-        super().__init__()
-        self.decoder, self.names, self.key = model.decoder, names, _states(model.decoder)[0]
-
-    def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
-        incremental_state: Dict[str, Dict[str, Tensor]] = {}
-        cache = dict(zip(self.names, state))
-        cache.update({name: None for name in BEAM_ONLY if isinstance(self.decoder, ConditionalGRUDecoder)})
-        self.decoder.set_incremental_state(incremental_state, self.key, cache)
-        logits, _ = self.decoder(prev_token, None, incremental_state=incremental_state)
-        new_state = self.decoder.get_incremental_state(incremental_state, self.key)
-        log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)  # as fairseq's get_normalized_probs
-        return (log_probs,) + tuple(new_state[name] for name in self.names)
-
-
-def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
-    """The encoder and decoder-step programs of a model of any family (put in eval mode)."""
-    model.eval()
-    names = state_names(model)
-    transformer = isinstance(model.decoder, VaswaniTransformerDecoder)
-    batch = Dim("batch", min=1)
-    # the Transformer's position tables bound its lengths (the step's position is t + 1)
-    src_len = Dim("src_len", min=1, max=model.encoder.max_positions()) if transformer else Dim("src_len", min=1)
-    src = _example_source(model.encoder.dictionary)
-    programs = (TransformerEncoderProgram(model), TransformerStepProgram(model)) if transformer else (
-        EncoderProgram(model, names), DecoderStepProgram(model, names))
-    with torch.no_grad():
-        encoder = torch.export.export(programs[0], (src,), dynamic_shapes=({0: batch, 1: src_len},))
-        state = programs[0](src)
-        prev = torch.full((src.size(0), 1), model.decoder.dictionary.eos())
-        if transformer:
-            for _ in range(2):  # a traced length of 0 or 1 would be specialised
-                state = programs[1](prev, *state)[1:]
-            tgt_len = Dim("tgt_len", min=0, max=model.decoder.max_positions() - 1)
-            state_shapes = tuple({0: batch, 3: src_len} if name.endswith("encoder_attn.kv") else
-                                 {0: batch, 1: tgt_len} if name.endswith("self_attn.kv") else
-                                 {0: batch, 1: src_len} for name in names)
-        else:
-            with_length = _states(model.decoder)[1]
-            state_shapes = tuple({0: batch, 1: src_len} if name in with_length else {0: batch} for name in names)
-        step = torch.export.export(programs[1], (prev, *state),
-                                   dynamic_shapes=({0: batch}, state_shapes))  # *state: one group
-    return encoder, step
-
-
-class TransformerEncoderProgram(nn.Module):
-    """``src_tokens`` -> the Transformer decoder's initial state (see :func:`state_names`)."""
+    """``src_tokens`` -> the decoder's initial state, as its ``start_cache`` makes it."""
 
     def __init__(self, model):
         super().__init__()
         self.encoder, self.decoder = model.encoder, model.decoder
 
     def forward(self, src_tokens: Tensor) -> Tuple[Tensor, ...]:
-        encoder_out = self.encoder(src_tokens)["encoder_out"][0]  # [B, S, d]
-        cross = [layer.encoder_attn.encoder_kv(encoder_out) for layer in self.decoder.layers]  # [B, 2, h, S, d_k]
-        # no self-attention entries yet: [B, t = 0, G = 1, 2, h, d_k]
-        empty = [kv.new_zeros(kv.size(0), 0, 1, kv.size(1), kv.size(2), kv.size(4)) for kv in cross]
-        return (*cross, *empty, src_tokens.eq(self.encoder.padding_idx))
+        return self.start(src_tokens).state()
+
+    def start(self, src_tokens: Tensor) -> ExportCache:
+        cache = ExportCache(src_tokens.size(0), 1, src_tokens.device)
+        self.decoder.start_cache(self.encoder(src_tokens), cache)
+        return cache
 
 
-class TransformerStepProgram(nn.Module):
-    """One step of the eager Transformer decoder, its incremental state built from the inputs."""
+class DecoderStepProgram(nn.Module):
+    """One step of the eager decoder on the state handed in."""
 
-    def __init__(self, model):
+    def __init__(self, model, kinds: Dict[str, str]):
         super().__init__()
-        self.decoder = model.decoder
+        self.decoder, self.kinds = model.decoder, kinds
 
     def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
-        layers = self.decoder.layers
-        cross, past, padding = state[:len(layers)], state[len(layers):-1], state[-1]
+        cache = ExportCache.from_state(self.kinds, state)
         incremental_state: Dict[str, Dict[str, Tensor]] = {}
-        for layer, kv, past_kv in zip(layers, cross, past):
-            layer.encoder_attn.set_incremental_state(incremental_state, "static_kv", {"kv": kv})
-            # no buffer: the cache grows by concatenation, which export traces for any length
-            layer.self_attn.set_incremental_state(incremental_state, "self_kv", {"buf": None, "kv": past_kv})
-        # the decoder reads the newest token and, from the prefix length, its position
-        prefix = prev_token.expand(-1, past[0].size(1) + 1)
-        logits, _ = self.decoder(prefix, {"encoder_out": [], "encoder_padding_mask": [padding]},
-                                 incremental_state=incremental_state)
+        put_cache(self.decoder, incremental_state, cache)
+        # the decoder reads the newest token and, from the prefix length, its position (Transformer)
+        prefix = prev_token.expand(-1, cache.steps + 1)
+        logits, _ = self.decoder(prefix, None, incremental_state=incremental_state)
         log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)  # as fairseq's get_normalized_probs
-        new = [layer.self_attn.get_incremental_state(incremental_state, "self_kv")["kv"] for layer in layers]
-        return (log_probs, *cross, *new, padding)
+        return (log_probs,) + cache.state()
+
+
+def _layout(model) -> Dict[str, str]:
+    """State name -> kind (rows, sentences, entries), in the programs' order."""
+    if not isinstance(model.decoder, BeamCacheDecoder):
+        raise ConfigError(f"{type(model.decoder).__name__}: no step-wise export for this decoder "
+                          f"(it keeps no BeamCache)")
+    with torch.no_grad():
+        return dict(EncoderProgram(model).start(_example_source(model.encoder.dictionary)).kinds)
+
+
+def state_names(model) -> List[str]:
+    """Names of the state tensors, in the order the programs take and return them."""
+    return list(_layout(model))
+
+
+def _example_state(model, kinds, lengths, steps):
+    """(prev_token, state after ``steps`` greedy steps) for sources of ``lengths``."""
+    encoder, step = EncoderProgram(model), DecoderStepProgram(model, kinds)
+    src = _example_source(model.encoder.dictionary, lengths)
+    state = encoder(src)
+    prev = torch.full((src.size(0), 1), model.decoder.dictionary.eos())
+    for _ in range(steps):
+        state = step(prev, *state)[1:]
+    return src, prev, state
+
+
+def _dynamic_shapes(model, kinds, dims: Dict[str, Dim]):
+    """For each state tensor, its dimensions that change with the batch, the source length or
+    the number of steps, from examples that differ in one of them."""
+    base = _example_state(model, kinds, (7, 5), TRACED_STEPS)[2]
+    varied = {"batch": _example_state(model, kinds, (7, 5, 6), TRACED_STEPS)[2],
+              "src_len": _example_state(model, kinds, (9, 5), TRACED_STEPS)[2],
+              "tgt_len": _example_state(model, kinds, (7, 5), TRACED_STEPS + 1)[2]}
+    return tuple({d: dims[what] for what, other in varied.items() for d in range(t.dim()) if t.size(d) != other[i].size(d)}
+                 for i, t in enumerate(base))
+
+
+def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
+    """The encoder and decoder-step programs of a model of any family (put in eval mode)."""
+    model.eval()
+    kinds = _layout(model)
+    # the Transformer's position tables bound its lengths (the step's position is t + 1)
+    bounded = isinstance(model.decoder, VaswaniTransformerDecoder)
+    dims = {"batch": Dim("batch", min=1),
+            "src_len": Dim("src_len", min=1, max=model.encoder.max_positions()) if bounded else Dim("src_len", min=1),
+            "tgt_len": Dim("tgt_len", min=0, max=model.decoder.max_positions() - 1)}
+    with torch.no_grad():
+        src, prev, state = _example_state(model, kinds, (7, 5), TRACED_STEPS)
+        encoder = torch.export.export(EncoderProgram(model), (src,),
+                                      dynamic_shapes=({0: dims["batch"], 1: dims["src_len"]},))
+        step = torch.export.export(DecoderStepProgram(model, kinds), (prev, *state),
+                                   dynamic_shapes=({0: dims["batch"]}, _dynamic_shapes(model, kinds, dims)))
+    return encoder, step
 
 
 class _TransformerEncoderProgram(nn.Module):

@@ -1,4 +1,4 @@
-"""What the recurrent models share: batch-first encoder outputs and their build-time checks.
+"""What the recurrent models share: the batch-first encoder output type and build-time checks.
 
 This module registers nothing (``models/__init__`` imports every module of the folder).
 """
@@ -9,11 +9,6 @@ from torch import Tensor
 from fairseq_plugins.errors import ConfigError
 
 EncoderOut = Dict[str, List[Tensor]]
-
-
-def reorder_batch_first(encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-    """``reorder_encoder_out`` for encoders whose outputs are all batch-first."""
-    return {k: [t.index_select(0, new_order) for t in v] for k, v in encoder_out.items()}
 
 
 def check_positive(args, flags) -> None:

@@ -14,14 +14,12 @@ from torch import Tensor
 
 from fairseq_plugins.models.rnn_common import EncoderOut
 from fairseq_plugins.models.rnnsearch import (
-    Cache,
     RNNsearchModel,
     StackedGRUEncoder,
     _gru_defaults,
     _tiny_sizes,
     add_gru_model_args,
 )
-from fairseq_plugins.modules.conditional_gru import ConditionalGRUCell
 
 
 class GRUEncoder(StackedGRUEncoder):
@@ -40,21 +38,18 @@ class GRUEncoder(StackedGRUEncoder):
 
 
 class FixedContext(nn.Module):
-    """RNNencdec's context source: the encoder's summary c at every step (``C c`` computed
-    once per sentence) and ``x_0 = c`` (Cho et al.: ``h'_0 = tanh(V' c)``)."""
+    """RNNencdec's context source: the encoder's summary c at every step and ``x_0 = c``
+    (Cho et al.: ``h'_0 = tanh(V' c)``)."""
 
     def initial_input(self, encoder_out: EncoderOut) -> Tensor:
         return encoder_out["encoder_out"][0]  # c: (bsz, n)
 
-    def cache(self, encoder_out: EncoderOut, cell: ConditionalGRUCell) -> Dict[str, Tensor]:
-        c = encoder_out["encoder_out"][0]
-        return {"c": c, "C_c": cell.project_context(c)}  # (bsz, n), (bsz, 3n_dec)
+    def start(self, encoder_out: EncoderOut) -> Dict[str, Tensor]:
+        return {"c": encoder_out["encoder_out"][0]}  # once per sentence: (bsz, n)
 
-    def step(self, s_prev: Tensor, cache: Cache, cell: ConditionalGRUCell):
-        c, C_c, rows = cache["c"], cache["C_c"], cache["rows"]
-        if rows is not None:  # decoding: c and C c stay once per sentence
-            c, C_c = c.index_select(0, rows), C_c.index_select(0, rows)
-        return c, C_c, None
+    def step(self, s_prev: Tensor, sentences: Dict[str, Tensor]):
+        """c (R, 1, n) for the G hypotheses (R, G, n) of each beam; no alignment."""
+        return sentences["c"].unsqueeze(1), None
 
 
 @register_model("rnnencdec")

@@ -9,14 +9,13 @@ The encoder's GRU is the papers' GRU (reset gate before the recurrent matrix,
 :class:`fairseq_plugins.modules.gru.GRU`), not ``torch.nn.GRU``, which puts it
 after. Tensors are batch-first everywhere (``encoder_out`` included); shapes are in comments.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
-    FairseqIncrementalDecoder,
     register_model,
     register_model_architecture,
 )
@@ -27,11 +26,10 @@ from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models._initialisation import log_initialisation
 from fairseq_plugins.models.rnn_common import EncoderOut, check_positive
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
+from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, reorder_encoder_out
 from fairseq_plugins.modules.conditional_gru import ConditionalGRUCell
 from fairseq_plugins.modules.gru import GRU
 from fairseq_plugins.modules.maxout import Maxout
-
-Cache = Dict[str, Optional[Tensor]]
 
 
 class StackedGRUEncoder(FairseqEncoder):
@@ -63,10 +61,7 @@ class StackedGRUEncoder(FairseqEncoder):
         return h, h_n, padding_mask
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        """Lazy: the tensors keep one row per source sentence; ``src_rows`` [N] records which
-        sentence row n now stands for (beam search repeats and reorders rows)."""
-        rows = encoder_out.get("src_rows", [])
-        return {**encoder_out, "src_rows": [rows[0].index_select(0, new_order) if rows else new_order]}
+        return reorder_encoder_out(encoder_out, new_order)
 
     def max_positions(self):
         return self.max_source_positions
@@ -92,18 +87,6 @@ class BiGRUEncoder(StackedGRUEncoder):
         }
 
 
-def sentence_groups(rows: Tensor, num_sentences: int) -> Tuple[Optional[Tensor], int]:
-    """Rows [N] -> (which sentence each group of rows reads, rows per group). Beam search keeps
-    each sentence's hypotheses as one run of equal length (a group); other orders get groups
-    of one. The sentence index is None when it is every sentence once, in order."""
-    sentences, run_lengths = torch.unique_consecutive(rows, return_counts=True)
-    if not bool(run_lengths.min() == run_lengths.max()):
-        return rows, 1
-    if sentences.numel() == num_sentences and torch.equal(sentences, torch.arange(num_sentences, device=rows.device)):
-        return None, rows.numel() // num_sentences
-    return sentences, rows.numel() // sentences.numel()
-
-
 class AttentionContext(nn.Module):
     """RNNsearch's context source: ``c_i`` from the additive alignment model over the
     annotations, ``x_0 = ←h_1`` for the initial state."""
@@ -115,30 +98,22 @@ class AttentionContext(nn.Module):
     def initial_input(self, encoder_out: EncoderOut) -> Tensor:
         return encoder_out["backward_first"][0]  # ←h_1: (bsz, n)
 
-    def cache(self, encoder_out: EncoderOut, cell: ConditionalGRUCell) -> Dict[str, Tensor]:
+    def start(self, encoder_out: EncoderOut) -> Dict[str, Tensor]:
+        """What every step reads, once per sentence."""
         h = encoder_out["encoder_out"][0]
         return {
             "h": h,  # (bsz, src_len, 2n)
-            "U_a_h": self.attention.project_annotations(h),  # U_a h_j once per sentence: (bsz, src_len, n')
+            "U_a_h": self.attention.project_annotations(h),  # U_a h_j: (bsz, src_len, n')
             "padding_mask": encoder_out["encoder_padding_mask"][0],
         }
 
-    def step(self, s_prev: Tensor, cache: Cache, cell: ConditionalGRUCell):
-        """c_i (N, 2n), [C_z; C_r; C] c_i (N, 3n) and α_i (N, src_len) from s_{i-1} (N, n).
-        With ``cache["rows"]`` (decoding) the annotations stay one row per sentence and each
-        beam's hypotheses attend together to their sentence's row."""
-        h, U_a_h, mask = cache["h"], cache["U_a_h"], cache["padding_mask"]
-        group, rows = 1, cache["rows"]
-        if rows is not None:
-            sentences, group = sentence_groups(rows, h.size(0))
-            if sentences is not None:  # some sentences finished, or rows crossed beams
-                h, U_a_h, mask = (t.index_select(0, sentences) for t in (h, U_a_h, mask))
-        c, alpha = self.attention(s_prev.view(-1, group, s_prev.size(1)), U_a_h, h, mask)
-        c, alpha = c.view(s_prev.size(0), -1), alpha.view(s_prev.size(0), -1)
-        return c, cell.project_context(c), alpha
+    def step(self, s_prev: Tensor, sentences: Dict[str, Tensor]):
+        """c_i (R, G, 2n) and α_i (R, G, src_len) from s_{i-1} (R, G, n): the G hypotheses of a
+        beam attend together to their sentence's annotations."""
+        return self.attention(s_prev, sentences["U_a_h"], sentences["h"], sentences["padding_mask"])
 
 
-class ConditionalGRUDecoder(FairseqIncrementalDecoder):
+class ConditionalGRUDecoder(BeamCacheDecoder):
     """The decoder of both RNNsearch and RNNencdec (appendix A.2.2)::
 
         s_0  = tanh(W_s x_0)                       x_0 = ←h_1 (RNNsearch) or c (RNNencdec)
@@ -148,10 +123,11 @@ class ConditionalGRUDecoder(FairseqIncrementalDecoder):
         p(y_i | ·) = softmax(W_o t_i)
 
     ``context`` (an :class:`AttentionContext` or a :class:`FixedContext`) is the only
-    difference between the two models. The incremental state holds ``s`` per hypothesis and the
-    context's tensors (``h_j``, ``U_a h_j``, mask, or ``c``, ``C c``) once per source sentence,
-    never reordered: ``rows`` [N] says which sentence each hypothesis decodes. The deep
-    output runs on all steps at once after the loop.
+    difference between the two models; it computes ``c_i`` from what it is given, the decoder
+    projects it. Decoding step by step keeps ``s`` per hypothesis and the context's tensors
+    (``h_j``, ``U_a h_j``, mask, or ``c``) once per beam in a
+    :class:`~fairseq_plugins.modules.beam_cache.BeamCache`. The deep output runs on all steps at
+    once after the loop.
     """
 
     def __init__(
@@ -172,71 +148,55 @@ class ConditionalGRUDecoder(FairseqIncrementalDecoder):
         self.maxout = Maxout(2 * maxout_dim, pool_size=2)
         self.W_o = nn.Linear(maxout_dim, len(dictionary))
 
-    def initial_cache(self, encoder_out: EncoderOut, incremental: bool = False) -> Cache:
-        cache: Cache = {"s": torch.tanh(self.W_s(self.context.initial_input(encoder_out)))}  # s_0 = tanh(W_s x_0)
-        cache.update(self.context.cache(encoder_out, self.cell))
-        rows = encoder_out.get("src_rows", [])
-        cache["rows"] = rows[0] if rows else None
-        if rows and not incremental:  # a full forward over reordered rows: gather them once
-            cache = {k: v.index_select(0, rows[0]) for k, v in cache.items() if k != "rows" and v is not None}
-            cache["rows"] = None
-        elif rows:
-            cache["s"] = cache["s"].index_select(0, rows[0])  # s_0 per hypothesis
-        return cache
+    def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
+        """``s_0 = tanh(W_s x_0)`` per hypothesis; the context's tensors per sentence."""
+        cache.put("rows", "s", torch.tanh(self.W_s(self.context.initial_input(encoder_out))))  # (N, n)
+        for name, tensor in self.context.start(cache.per_sentence(encoder_out)).items():
+            cache.put("sentences", name, tensor)
 
-    def forward(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None, **unused):
+    def forward(self, prev_output_tokens, encoder_out: Optional[EncoderOut], incremental_state=None, **unused):
         t, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         return self.output_layer(t), extra
 
-    def extract_features(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None):
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[EncoderOut], incremental_state=None):
         """Returns the maxout outputs t (bsz, tgt_len, l) and ``{"attn": [α (bsz, tgt_len, src_len) or None]}``."""
-        cache = self.get_incremental_state(incremental_state, "cache") if incremental_state is not None else None
-        if cache is None:
-            cache = self.initial_cache(encoder_out, incremental_state is not None)
         if incremental_state is not None:
+            cache = self.decoding_cache(incremental_state, encoder_out)
             prev_output_tokens = prev_output_tokens[:, -1:]
+        else:  # teacher forcing: a cache for this call only
+            cache = BeamCache.for_encoder_out(encoder_out)
+            self.start_cache(encoder_out, cache)
+        sentences = {name: cache.get(name) for name in cache.names("sentences")}
+        s = cache.get("s")  # (N, n)
+        rows, group, n = s.size(0), cache.beam, s.size(1)
 
-        Ey = self.dropout_module(self.embed_tokens(prev_output_tokens))  # E y_{i-1}: (bsz, tgt_len, m)
-        W_Ey = self.cell.project_input(Ey.transpose(0, 1))  # (tgt_len, bsz, 3n), all steps at once
-        s = cache["s"]
+        Ey = self.dropout_module(self.embed_tokens(prev_output_tokens))  # E y_{i-1}: (N, tgt_len, m)
+        W_Ey = self.cell.project_input(Ey.transpose(0, 1))  # (tgt_len, N, 3n), all steps at once
+        s = s.reshape(-1, group, n)  # a beam's hypotheses together: (N / G, G, n)
         states: List[Tensor] = []
         contexts: List[Tensor] = []
         alphas: List[Optional[Tensor]] = []
         for W_Ey_i in W_Ey.unbind(0):  # unbind: indexing's backward allocates a full-size zero tensor per step
-            c, C_c, alpha = self.context.step(s, cache, self.cell)  # c_i, C c_i, α_i
+            c, alpha = self.context.step(s, sentences)  # c_i (N / G, G or 1, k), α_i
             s_prev = s
-            s = self.cell(W_Ey_i, C_c, s_prev)  # s_i
-            states.append(s_prev if self.use_previous_state else s)
-            contexts.append(c)
-            alphas.append(alpha)
+            s = self.cell(W_Ey_i.reshape(-1, group, W_Ey_i.size(1)), self.cell.project_context(c), s_prev)  # s_i
+            states.append((s_prev if self.use_previous_state else s).reshape(rows, n))
+            contexts.append(c.expand(-1, group, -1).reshape(rows, -1))
+            alphas.append(None if alpha is None else alpha.reshape(rows, -1))
 
         t_tilde = (
             self.U_o(torch.stack(states, dim=1))
             + self.V_o(Ey)
             + self.C_o(torch.stack(contexts, dim=1))
-        )  # t̃_i = U_o s + V_o E y_{i-1} + C_o c_i: (bsz, tgt_len, 2l)
-        t = self.dropout_module(self.maxout(t_tilde))  # t_i: (bsz, tgt_len, l)
+        )  # t̃_i = U_o s + V_o E y_{i-1} + C_o c_i: (N, tgt_len, 2l)
+        t = self.dropout_module(self.maxout(t_tilde))  # t_i: (N, tgt_len, l)
 
-        if incremental_state is not None:
-            cache = dict(cache)
-            cache["s"] = s
-            self.set_incremental_state(incremental_state, "cache", cache)
-        attn = None if alphas[0] is None else torch.stack(alphas, dim=1)  # (bsz, tgt_len, src_len)
+        cache.put("rows", "s", s.reshape(rows, n))
+        attn = None if alphas[0] is None else torch.stack(alphas, dim=1)  # (N, tgt_len, src_len)
         return t, {"attn": [attn]}
 
     def output_layer(self, t: Tensor) -> Tensor:
         return self.W_o(t)  # logits of p(y_i | ·) = softmax(W_o t_i)
-
-    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        """Only ``s`` and the row -> sentence map move; the per-sentence tensors stay."""
-        cache = self.get_incremental_state(incremental_state, "cache")
-        if cache is None:
-            return
-        rows = cache["rows"]
-        reordered = dict(cache)
-        reordered["s"] = cache["s"].index_select(0, new_order)
-        reordered["rows"] = new_order if rows is None else rows.index_select(0, new_order)
-        self.set_incremental_state(incremental_state, "cache", reordered)
 
     def max_positions(self):
         return self.max_target_positions

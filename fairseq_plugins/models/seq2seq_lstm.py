@@ -3,14 +3,13 @@ fairseq model ``seq2seq_lstm``: two different deep LSTMs, the encoder's final (h
 layer initialise the decoder's, no attention, plain softmax, and the source fed reversed.
 Facts: docs/PAPERS.md. Tensors are batch-first.
 """
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
-    FairseqIncrementalDecoder,
     register_model,
     register_model_architecture,
 )
@@ -21,7 +20,8 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models._initialisation import log_initialisation
-from fairseq_plugins.models.rnn_common import EncoderOut, check_positive, reorder_batch_first
+from fairseq_plugins.models.rnn_common import EncoderOut, check_positive
+from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, reorder_encoder_out
 
 
 def reverse_source_tokens(src_tokens: Tensor, pad: int, eos: int) -> Tensor:
@@ -111,13 +111,13 @@ class LSTMEncoder(FairseqEncoder):
         return final[0], final[1]
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        return reorder_batch_first(encoder_out, new_order)
+        return reorder_encoder_out(encoder_out, new_order)
 
     def max_positions(self):
         return self.max_source_positions
 
 
-class LSTMDecoder(FairseqIncrementalDecoder):
+class LSTMDecoder(BeamCacheDecoder):
     """Deep LSTM language model over the target, started from the encoder's final (h, c);
     teacher forcing runs the fused ``nn.LSTM`` over the whole target at once."""
 
@@ -134,36 +134,30 @@ class LSTMDecoder(FairseqIncrementalDecoder):
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         return self.output_layer(x), extra
 
-    def extract_features(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None):
-        state = self.get_incremental_state(incremental_state, "state") if incremental_state is not None else None
-        if state is None:
-            state = self.initial_cache(encoder_out)
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[EncoderOut], incremental_state=None):
         if incremental_state is not None:
+            cache = self.decoding_cache(incremental_state, encoder_out)
             prev_output_tokens = prev_output_tokens[:, -1:]
+        else:  # teacher forcing: a cache for this call only
+            cache = BeamCache.for_encoder_out(encoder_out)
+            self.start_cache(encoder_out, cache)
         x = self.dropout_module(self.embed_tokens(prev_output_tokens))  # (bsz, tgt_len, d)
-        h0 = state["h"].transpose(0, 1).contiguous()  # (layers, bsz, H)
-        c0 = state["c"].transpose(0, 1).contiguous()
+        h0 = cache.get("h").transpose(0, 1).contiguous()  # (layers, bsz, H)
+        c0 = cache.get("c").transpose(0, 1).contiguous()
         # nn.LSTM drops out between layers in training mode only: --retain-dropout keeps it on too
         self.rnn.training = self.training or self.dropout_module.apply_during_inference
         x, (h_n, c_n) = self.rnn(x, (h0, c0))
-        if incremental_state is not None:
-            self.set_incremental_state(
-                incremental_state, "state", {"h": h_n.transpose(0, 1), "c": c_n.transpose(0, 1)}
-            )
+        cache.put("rows", "h", h_n.transpose(0, 1))
+        cache.put("rows", "c", c_n.transpose(0, 1))
         return self.dropout_module(x), {"attn": [None]}
 
-    def initial_cache(self, encoder_out: EncoderOut) -> Dict[str, Tensor]:
-        return {"h": encoder_out["encoder_h"][0], "c": encoder_out["encoder_c"][0]}  # (bsz, layers, H)
+    def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
+        """The encoder's final (h, c) per hypothesis, batch-first: (bsz, layers, H)."""
+        cache.put("rows", "h", encoder_out["encoder_h"][0])
+        cache.put("rows", "c", encoder_out["encoder_c"][0])
 
     def output_layer(self, x: Tensor) -> Tensor:
         return self.fc_out(x)  # plain softmax over the target vocabulary
-
-    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        state = self.get_incremental_state(incremental_state, "state")
-        if state is None:
-            return
-        reordered = {k: v.index_select(0, new_order) for k, v in state.items()}
-        self.set_incremental_state(incremental_state, "state", reordered)
 
     def max_positions(self):
         return self.max_target_positions

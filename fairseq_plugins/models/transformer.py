@@ -30,7 +30,6 @@ import torch.utils.checkpoint
 from fairseq.models import (
     FairseqEncoder,
     FairseqEncoderDecoderModel,
-    FairseqIncrementalDecoder,
     register_model,
     register_model_architecture,
 )
@@ -38,7 +37,7 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.modules.multihead_attention import IncrementalState
+from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, reorder_encoder_out
 from fairseq_plugins.modules.positional_embedding import build_positional_encoding
 from fairseq_plugins.modules.transformer_layer import (
     TransformerDecoderLayer,
@@ -47,8 +46,7 @@ from fairseq_plugins.modules.transformer_layer import (
 
 DEFAULT_MAX_POSITIONS = 1024
 EncoderOut = Dict[str, List[Tensor]]
-BEAM_ERROR = ("vaswani_transformer: decoding rows that are not beams of {beam} consecutive rows of one sentence, "
-              "reordered within their beam (the first reorder_encoder_out repeated each row {beam} times)")
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
 
 def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.Embedding:
@@ -105,36 +103,23 @@ class VaswaniTransformerEncoder(FairseqEncoder):
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
         """src_tokens: [B, S], left-padded."""
         padding_mask = src_tokens.eq(self.padding_idx)  # [B, S]
-        # no mask for a batch without padding (faster attention); torch.export cannot branch on data
-        has_pads = torch.compiler.is_exporting() or bool(padding_mask.any())
-        attn_mask = ~padding_mask[:, None, None, :] if has_pads else None  # [B, 1, 1, S]
+        attn_mask = ~padding_mask[:, None, None, :]  # [B, 1, 1, S]
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # √d·E x + PE
         x = self.dropout_module(x)
         for layer in self.layers:
             x = run_layer(layer, (x, attn_mask), self.checkpoint_activations, self.offload_activations)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
-        return {"encoder_out": [x], "encoder_padding_mask": [padding_mask] if has_pads else []}
+        return {"encoder_out": [x], "encoder_padding_mask": [padding_mask]}
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
-        """fairseq's contract: row n of every returned tensor is row ``new_order[n]``.
-
-        A fresh encoder output's first reorder is beam search's: each of its rows repeated G times.
-        ``beam`` [N, G] records G for the decoder in its shape (its values are unused; no host
-        synchronisation) and is reordered with the rest."""
-        reordered = {key: [tensor.index_select(0, new_order) for tensor in tensors]
-                     for key, tensors in encoder_out.items()}
-        if "beam" not in encoder_out:
-            rows = encoder_out["encoder_out"][0].size(0)
-            group = new_order.numel() // rows if new_order.numel() % rows == 0 else 1
-            reordered["beam"] = [new_order.new_zeros(new_order.numel(), group, dtype=torch.uint8)]
-        return reordered
+        return reorder_encoder_out(encoder_out, new_order)
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
 
 
-class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
+class VaswaniTransformerDecoder(BeamCacheDecoder):
     """N × (masked self-attention, encoder–decoder attention, FFN), then the pre-softmax
     projection (§3.1, §3.4)."""
 
@@ -144,6 +129,9 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
         init_layer_stack(self, args, "decoder", embed_tokens, lambda d_model: TransformerDecoderLayer(
             d_model, args.decoder_ffn_embed_dim, args.decoder_attention_heads, args.dropout, args.attention_dropout,
             args.activation_dropout, args.decoder_normalize_before, encoder_dim))
+        for i, layer in enumerate(self.layers):  # their tensors' names in the decoding cache
+            layer.self_attn.cache_name = f"layers.{i}.self_attn.kv"
+            layer.encoder_attn.cache_name = f"layers.{i}.encoder_attn.kv"
         self.alignment_layer = args.alignment_layer % args.decoder_layers
         self.need_attn = True  # fairseq-generate sets it to --print-alignment
         self.output_projection = nn.Linear(d_model, len(dictionary), bias=False)
@@ -161,22 +149,24 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
             x = self.output_layer(x)
         return x, extra
 
-    def extract_features(self, prev_output_tokens: Tensor, encoder_out: EncoderOut,
+    def extract_features(self, prev_output_tokens: Tensor, encoder_out: Optional[EncoderOut],
                          incremental_state: Optional[IncrementalState] = None, **unused):
-        incremental = incremental_state is not None
-        positions = self.embed_positions(prev_output_tokens, incremental)  # [B, T or 1, d]
-        if incremental:
+        cache = None if incremental_state is None else self.decoding_cache(incremental_state, encoder_out)
+        positions = self.embed_positions(prev_output_tokens, cache is not None)  # [B, T or 1, d]
+        if cache is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]  # the newest token only
+            cache.begin_step()
+            encoder, padding = None, cache.get("encoder_padding_mask")  # [N / G, S]
+        else:
+            encoder, padding = encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
         x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions  # √d·E y + PE
         x = self.dropout_module(x)
-        group = self._group(incremental_state, encoder_out, x.size(0)) if incremental_state is not None else 1
-        encoder, encoder_attn_mask = self._encoder_rows(encoder_out, group)
-        slot_mask = self._slot_mask(incremental_state, x.size(0), group) if incremental_state is not None else None
+        encoder_attn_mask = ~padding[:, None, None, :]  # [N / G, 1, 1, S]
         need_attn = self.need_attn and not self.training
         attn: Optional[Tensor] = None
         for idx, layer in enumerate(self.layers):
-            x, layer_attn = run_layer(layer, (x, encoder, encoder_attn_mask, incremental_state,
-                                              need_attn and idx == self.alignment_layer, group, slot_mask),
+            x, layer_attn = run_layer(layer, (x, encoder, encoder_attn_mask, cache,
+                                              need_attn and idx == self.alignment_layer),
                                       self.checkpoint_activations, self.offload_activations)
             if layer_attn is not None:
                 attn = layer_attn
@@ -184,96 +174,23 @@ class VaswaniTransformerDecoder(FairseqIncrementalDecoder):
             x = self.layer_norm(x)
         return x, {"attn": [attn]}
 
-    def _group(self, incremental_state: IncrementalState, encoder_out: EncoderOut, num_rows: int) -> int:
-        """G for this decoding step: how many consecutive rows decode one sentence's beam and
-        share its cached encoder keys/values. From shapes only (no host synchronisation): the
-        beam bookkeeping's once decoding has begun, else what the first reorder of the encoder
-        output recorded (beam search's expansion; 1 for an encoder output never reordered)."""
-        beams = self.get_incremental_state(incremental_state, "beam_slots")
-        if beams is not None:
-            return beams["slots"].size(1)
-        if self.layers[0].encoder_attn.get_incremental_state(incremental_state, "static_kv") is not None:
-            return 1  # decoding has begun in groups of one
-        beam = encoder_out.get("beam")
-        group = beam[0].size(1) if beam else 1
-        group = group if num_rows % group == 0 else 1
-        if group > 1:  # beam search repeats each sentence G times, consecutively: check it on the device
-            rows = encoder_out["encoder_out"][0].reshape(num_rows // group, group, -1)
-            torch._assert_async((rows == rows[:, :1]).all(), BEAM_ERROR.format(beam=group))
-        return group
-
-    @staticmethod
-    def _encoder_rows(encoder_out: EncoderOut, group: int):
-        """The encoder output [N / G, S, d] (None in the exported step, whose state holds the keys
-        and values) and the encoder–decoder attention mask [N / G, 1, 1, S] (None without
-        padding) that each group of G rows reads: a beam's first row stands for its sentence."""
-        encoder = encoder_out["encoder_out"][0] if encoder_out["encoder_out"] else None  # [N, S, d]
-        padding = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        if group > 1:
-            encoder = None if encoder is None else encoder[::group]
-            padding = None if padding is None else padding[::group]
-        return encoder, None if padding is None else ~padding[:, None, None, :]
-
-    def _slot_mask(self, incremental_state: IncrementalState, num_rows: int, group: int) -> Optional[Tensor]:
-        """Self-attention cache bookkeeping for one decoding step of beams (G > 1). ``slots``
-        [R, G, t] says for each hypothesis (R beams of G) which slot of its beam holds the entry
-        of each earlier step, i.e. its ancestor's; this step every hypothesis writes its own slot.
-        Returns the additive mask [R, 1, G, (t+1)·G], 0 where a hypothesis reads an entry and -inf
-        elsewhere, or None for groups of one (every row reads its own entries)."""
-        if group == 1:
-            return None
-        state = self.get_incremental_state(incremental_state, "beam_slots")
-        if state is None:  # first step
-            slots = torch.empty(num_rows // group, group, 0, dtype=torch.long, device=self.embed_tokens.weight.device)
-        else:
-            slots = state["slots"]
-        rows, steps = slots.size(0), slots.size(2)
-        own = torch.arange(group, device=slots.device)
-        slots = torch.cat([slots, own.view(1, group, 1).expand(rows, group, 1)], dim=2)
-        self.set_incremental_state(incremental_state, "beam_slots", {"slots": slots})
-        reads = (slots.unsqueeze(3) == own).view(rows, 1, group, (steps + 1) * group)
-        # additive (0 / -inf) once per step rather than a bool mask converted by every layer
-        return torch.zeros(reads.shape, device=reads.device).masked_fill_(~reads, float("-inf"))
+    def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
+        """Per sentence: every layer's encoder keys/values [N / G, 2, h, S, d_k] and the source
+        padding mask [N / G, S]; room for every layer's self-attention entries."""
+        sentences = cache.per_sentence(encoder_out)
+        encoder = sentences["encoder_out"][0]  # [N / G, S, d]
+        for layer in self.layers:
+            cache.put("sentences", layer.encoder_attn.cache_name, layer.encoder_attn.encoder_kv(encoder))
+        for layer in self.layers:
+            attn = layer.self_attn
+            cache.reserve(attn.cache_name, (2, attn.num_heads, attn.d_k), encoder)
+        cache.put("sentences", "encoder_padding_mask", sentences["encoder_padding_mask"][0])
 
     def output_layer(self, features: Tensor) -> Tensor:
         return self.output_projection(features)  # pre-softmax linear transformation
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
-
-    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """fairseq's contract: row n of every cache now continues row ``new_order[n]``.
-
-        Groups of one: every cache selects ``new_order``'s rows. Beams (G > 1, the rows per
-        sentence the encoder output's first reorder made): beam search only reorders hypotheses within a beam and drops finished
-        beams, so ``slots`` follows the rows, the self-attention entries stay where they are and
-        both caches select beams only when some finished; the device checks that assumption."""
-        state = self.get_incremental_state(incremental_state, "beam_slots")
-        if state is None:
-            for layer in self.layers:
-                layer.self_attn.reorder_cache(incremental_state, new_order)
-                layer.encoder_attn.reorder_cache(incremental_state, new_order)
-            return
-        rows, group, steps = state["slots"].shape
-        if new_order.numel() % group != 0:
-            raise ConfigError(f"vaswani_transformer: a reorder of {new_order.numel()} rows is not whole beams of "
-                              f"{group} (the rows per sentence of the encoder output's first reorder)")
-        beams = new_order.view(-1, group)  # [R', G]
-        origin = beams[:, 0] // group  # the old beam each new beam continues
-        kept = (beams // group == origin.unsqueeze(1)).all()
-        if origin.numel() == rows:  # no beam finished: every beam stays in its place
-            kept &= (origin == torch.arange(rows, device=origin.device)).all()
-        torch._assert_async(kept, BEAM_ERROR.format(beam=group))
-        slots = state["slots"].view(rows * group, steps).index_select(0, new_order)
-        self.set_incremental_state(incremental_state, "beam_slots", {"slots": slots.view(-1, group, steps)})
-        if origin.numel() != rows:  # finished beams leave the caches
-            for layer in self.layers:
-                layer.self_attn.reorder_cache(incremental_state, origin)
-                layer.encoder_attn.reorder_cache(incremental_state, origin)
-
-    def reorder_incremental_state_scripting(self, incremental_state: IncrementalState,
-                                            new_order: Tensor):
-        self.reorder_incremental_state(incremental_state, new_order)  # no walk over all modules
 
     def make_generation_fast_(self, need_attn: bool = False, **kwargs):
         self.need_attn = need_attn

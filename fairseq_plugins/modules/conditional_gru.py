@@ -16,9 +16,9 @@ class ConditionalGRUCell(nn.Module):
         s_i = (1 - z_i) ∘ s_{i-1} + z_i ∘ s̃_i
 
     Matrices ``W`` (3n × m, with the biases), ``C`` (3n × k), ``U_zr`` (2n × n), ``U``
-    (n × n). ``W E y`` and ``C c`` do not depend on ``s_{i-1}``: callers compute them with
-    :meth:`project_input` for all steps at once under teacher forcing, and with
-    :meth:`project_context` once per sentence when c is fixed (RNNencdec).
+    (n × n). ``W E y`` does not depend on ``s_{i-1}``: callers compute it with
+    :meth:`project_input` for all steps at once under teacher forcing; :meth:`project_context`
+    gives ``C c_i``. Any leading dimensions (a beam's hypotheses: (N / G, G, ·)) broadcast.
     """
 
     def __init__(self, input_size: int, hidden_size: int, context_size: int):
@@ -37,7 +37,7 @@ class ConditionalGRUCell(nn.Module):
         return self.C(c)
 
     def forward(self, W_Ey: Tensor, C_c: Tensor, s_prev: Tensor) -> Tensor:
-        """``W_Ey``, ``C_c``: (bsz, 3n) projections; ``s_prev``: (bsz, n). Returns s_i (bsz, n)."""
+        """``W_Ey``, ``C_c``: (..., 3n) projections; ``s_prev``: (..., n). Returns s_i (..., n)."""
         x = W_Ey + C_c
         z, r = update_reset_gates(x, self.U_zr(s_prev))
         s_tilde = candidate(x, self.U(r * s_prev))  # s̃_i = tanh(W E y_{i-1} + U [r_i ∘ s_{i-1}] + C c_i)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
-from fairseq_plugins.modules.multihead_attention import IncrementalState, MultiheadAttention
+from fairseq_plugins.modules.beam_cache import BeamCache
+from fairseq_plugins.modules.multihead_attention import MultiheadAttention
 
 
 def _linear(in_features: int, out_features: int) -> nn.Linear:
@@ -87,24 +88,18 @@ class TransformerDecoderLayer(_Layer):
         self.encoder_attn_layer_norm = nn.LayerNorm(d_model)
 
     def forward(self, x: Tensor, encoder_out: Optional[Tensor], encoder_attn_mask: Optional[Tensor],
-                incremental_state: Optional[IncrementalState] = None, need_attn: bool = False,
-                group: int = 1, slot_mask: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                cache: Optional[BeamCache] = None, need_attn: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """
-        x: [N, T, d_model] (T = 1 when decoding step by step with ``incremental_state``);
-        encoder_out: [N / group, S, d_encoder] (None once the incremental state holds its keys
-        and values); encoder_attn_mask: bool [N / group, 1, 1, S] or None;
-        group: G consecutive rows of a beam read one encoder row (incremental; see MultiheadAttention);
-        slot_mask: which cached self-attention entries each hypothesis reads (incremental, G > 1).
+        x: [N, T, d_model] (T = 1 when decoding step by step with ``cache``);
+        encoder_out: [N, S, d_encoder] (None with a cache: it holds the encoder keys/values);
+        encoder_attn_mask: bool [N / G, 1, 1, S] or None.
         Returns x and, with ``need_attn``, the encoder–decoder attention [N, T, S].
         """
         y, _ = self.self_attn(self._input(x, self.self_attn_layer_norm),
-                              attn_mask=slot_mask,
-                              causal=incremental_state is None,  # mask future positions
-                              incremental_state=incremental_state, group=group)
+                              causal=cache is None,  # a full sequence: mask future positions
+                              cache=cache)
         x = self._residual(x, y, self.self_attn_layer_norm)
         y, attn = self.encoder_attn(self._input(x, self.encoder_attn_layer_norm), encoder_out,
-                                    attn_mask=encoder_attn_mask,
-                                    incremental_state=incremental_state, need_weights=need_attn,
-                                    group=group)
+                                    attn_mask=encoder_attn_mask, cache=cache, need_weights=need_attn)
         x = self._residual(x, y, self.encoder_attn_layer_norm)
         return self._ffn(x), attn
