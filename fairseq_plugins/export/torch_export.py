@@ -4,6 +4,9 @@
     state = encoder.module()(src_tokens)         # tuple, named by state_names(model)
     log_probs, *state = step.module()(prev_token, *state)
 
+With ``export_model(model, attention=True)`` the step returns, last, the step's attention over
+the source [B, S] as ``extra["attn"]`` gives it (RNNsearch's α, the Transformer's alignment
+layer averaged over heads; the families without attention return none).
 The encoder program maps left-padded ``src_tokens`` [B, S] to the decoder's initial state; the
 step program takes the previous target token [B, 1] and that state and returns the next
 token's log-probabilities [B, V] and the new state, so any search (greedy, beam: reorder the
@@ -81,23 +84,31 @@ class EncoderProgram(nn.Module):
 class DecoderStepProgram(nn.Module):
     """One step of the eager decoder, its incremental state built from the inputs."""
 
-    def __init__(self, model, names: List[str]):
+    def __init__(self, model, names: List[str], attention: bool = False):
         super().__init__()
         self.decoder, self.names, self.key = model.decoder, names, _states(model.decoder)[0]
+        self.attention = attention
 
     def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
         incremental_state: Dict[str, Dict[str, Tensor]] = {}
         cache = dict(zip(self.names, state))
         cache.update({name: None for name in BEAM_ONLY if isinstance(self.decoder, ConditionalGRUDecoder)})
         self.decoder.set_incremental_state(incremental_state, self.key, cache)
-        logits, _ = self.decoder(prev_token, None, incremental_state=incremental_state)
+        logits, extra = self.decoder(prev_token, None, incremental_state=incremental_state)
         new_state = self.decoder.get_incremental_state(incremental_state, self.key)
         log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)  # as fairseq's get_normalized_probs
-        return (log_probs,) + tuple(new_state[name] for name in self.names)
+        return (log_probs,) + tuple(new_state[name] for name in self.names) + _attention(extra, self.attention)
 
 
-def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
-    """The encoder and decoder-step programs of a model of any family (put in eval mode)."""
+def _attention(extra, wanted: bool) -> Tuple[Tensor, ...]:
+    """The step's attention row [B, S] when ``wanted`` and the decoder has attention."""
+    attn = extra["attn"][0] if extra and extra.get("attn") else None
+    return (attn[:, -1].float(),) if wanted and attn is not None else ()
+
+
+def export_model(model, attention: bool = False) -> Tuple[ExportedProgram, ExportedProgram]:
+    """The encoder and decoder-step programs of a model of any family (put in eval mode); with
+    ``attention`` the step also returns its attention row (see the module's doc)."""
     model.eval()
     names = state_names(model)
     transformer = isinstance(model.decoder, VaswaniTransformerDecoder)
@@ -105,15 +116,15 @@ def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
     # the Transformer's position tables bound its lengths (the step's position is t + 1)
     src_len = Dim("src_len", min=1, max=model.encoder.max_positions()) if transformer else Dim("src_len", min=1)
     src = _example_source(model.encoder.dictionary)
-    programs = (TransformerEncoderProgram(model), TransformerStepProgram(model)) if transformer else (
-        EncoderProgram(model, names), DecoderStepProgram(model, names))
+    programs = (TransformerEncoderProgram(model), TransformerStepProgram(model, attention)) if transformer else (
+        EncoderProgram(model, names), DecoderStepProgram(model, names, attention))
     with torch.no_grad():
         encoder = torch.export.export(programs[0], (src,), dynamic_shapes=({0: batch, 1: src_len},))
         state = programs[0](src)
         prev = torch.full((src.size(0), 1), model.decoder.dictionary.eos())
         if transformer:
             for _ in range(2):  # a traced length of 0 or 1 would be specialised
-                state = programs[1](prev, *state)[1:]
+                state = programs[1](prev, *state)[1:len(names) + 1]
             tgt_len = Dim("tgt_len", min=0, max=model.decoder.max_positions() - 1)
             state_shapes = tuple({0: batch, 3: src_len} if name.endswith("encoder_attn.kv") else
                                  {0: batch, 1: tgt_len} if name.endswith("self_attn.kv") else
@@ -144,9 +155,9 @@ class TransformerEncoderProgram(nn.Module):
 class TransformerStepProgram(nn.Module):
     """One step of the eager Transformer decoder, its incremental state built from the inputs."""
 
-    def __init__(self, model):
+    def __init__(self, model, attention: bool = False):
         super().__init__()
-        self.decoder = model.decoder
+        self.decoder, self.attention = model.decoder, attention
 
     def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
         layers = self.decoder.layers
@@ -158,11 +169,11 @@ class TransformerStepProgram(nn.Module):
             layer.self_attn.set_incremental_state(incremental_state, "self_kv", {"buf": None, "kv": past_kv})
         # the decoder reads the newest token and, from the prefix length, its position
         prefix = prev_token.expand(-1, past[0].size(1) + 1)
-        logits, _ = self.decoder(prefix, {"encoder_out": [], "encoder_padding_mask": [padding]},
-                                 incremental_state=incremental_state)
+        logits, extra = self.decoder(prefix, {"encoder_out": [], "encoder_padding_mask": [padding]},
+                                     incremental_state=incremental_state)
         log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)  # as fairseq's get_normalized_probs
         new = [layer.self_attn.get_incremental_state(incremental_state, "self_kv")["kv"] for layer in layers]
-        return (log_probs, *cross, *new, padding)
+        return (log_probs, *cross, *new, padding) + _attention(extra, self.attention)
 
 
 class _TransformerEncoderProgram(nn.Module):
