@@ -16,7 +16,8 @@ def get_parser() -> ArgumentParser:
     parser.add_argument("--data", metavar="DIR", help="directory with dict.SRC.txt/dict.TGT.txt (default: the "
                                                       "checkpoint's training data directory)")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it is an ONNX model folder")
-    parser.add_argument("--quantize", choices=["int8"], help="onnxruntime's dynamic int8 quantization")
+    parser.add_argument("--quantize", choices=["int8"],
+                        help="int8 weights of every MatMul (onnxruntime's weight-only MatMulNBits), float32 activations")
     subword = parser.add_mutually_exclusive_group()
     subword.add_argument("--bpe-codes", metavar="FILE",
                          help="subword-nmt BPE codes the model was trained with (after Moses tokenization)")
