@@ -13,4 +13,7 @@ fi
 command -v npm >/dev/null || { echo "error: npm is needed to install onnxruntime-web (apt-get install npm)" >&2; exit 2; }
 mkdir -p "$DEST"
 echo "== installing onnxruntime-web $VERSION into $DEST"
-npm install --prefix "$DEST" --no-save --no-audit --no-fund --ignore-scripts "onnxruntime-web@$VERSION" >/dev/null
+log="$DEST/npm-install.log"
+npm install --prefix "$DEST" --no-save --no-audit --no-fund --ignore-scripts "onnxruntime-web@$VERSION" >"$log" 2>&1 || {
+    echo "error: npm install onnxruntime-web@$VERSION failed: $(grep -m1 -i 'err' "$log" || tail -n1 "$log") (whole output: $log)" >&2
+    exit 1; }
