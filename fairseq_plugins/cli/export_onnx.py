@@ -17,7 +17,7 @@ def get_parser() -> ArgumentParser:
                                                       "checkpoint's training data directory)")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it is an ONNX model folder")
     parser.add_argument("--quantize", choices=["int8"],
-                        help="int8 weights of every MatMul (onnxruntime's weight-only MatMulNBits), float32 activations")
+                        help="int8 weights of every MatMul (weight-only MatMulNBits), float32 activations")
     subword = parser.add_mutually_exclusive_group()
     subword.add_argument("--bpe-codes", metavar="FILE",
                          help="subword-nmt BPE codes the model was trained with (after Moses tokenization)")
