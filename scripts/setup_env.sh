@@ -17,6 +17,8 @@ exec 9> "$VENV/.setup.lock"
 flock 9  # two setups of one venv at once break it: the second waits, then finds the stamp
 stamp="$VENV/.installed-$(printf '%s\n' "$(cat setup.py)" "$TORCH_SPEC" "$py_version" | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then
+    # the page's onnxruntime-web lives outside the venv (a fresh HOME lacks it); its own check is a no-op
+    bash scripts/setup_onnx_web.sh || true
     exit 0
 fi
 # A venv of another Python cannot be upgraded in place: make it again.
@@ -40,6 +42,9 @@ printf '%s\n' "${torch_pins[@]}" > "$constraints"
 "$VENV/bin/python" -c "import torchaudio" >/dev/null 2>&1 || {
     echo "== removing torchaudio: it does not load beside $TORCH_SPEC (transformers would import it)"
     "$VENV/bin/pip" uninstall --quiet --yes torchaudio; }
+# onnxruntime-web (npm) for the page fairseq-plugins-export-onnx writes; without it the page test
+# fails naming this script, so a failed npm (its one error line above) does not stop the rest
+bash scripts/setup_onnx_web.sh || true
 "$VENV/bin/python" -c "import fairseq_plugins" >/dev/null 2>&1 || {
     echo "error: $VENV: fairseq_plugins does not import after installation" >&2; exit 1; }
 rm -f "$VENV"/.installed-*

@@ -76,31 +76,40 @@ def measure_checkpoint(checkpoint: str, args, work_dir: str) -> List[Dict]:
         for quantization, path in dirs.items():
             translator = ctranslate2.Translator(path, device="cpu", inter_threads=1, intra_threads=threads)
             engines[f"ctranslate2 {quantization}"] = (lambda t: lambda: _ctranslate2(t, sources, args))(translator)
-        wall: Dict[str, List[float]] = {name: [] for name in engines}
-        cpu: Dict[str, List[float]] = {name: [] for name in engines}
-        outputs = {name: run() for name, run in engines.items()}  # warm-up, and the hypotheses
-        names = list(engines)
-        for repeat in range(args.repeats):  # interleaved, a different engine first each time
-            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-                start, start_cpu = time.perf_counter(), time.process_time()  # CPU time: all threads
-                engines[name]()
-                wall[name].append(time.perf_counter() - start)
-                cpu[name].append(time.process_time() - start_cpu)
-        for name in names:
-            same = sum(a == b for a, b in zip(outputs[name], outputs["fairseq"]))
-            rows.append({"checkpoint": checkpoint, "threads": threads, "engine": name,
-                         "sentences_per_s": [len(sources) / t for t in wall[name]],
-                         "sentences_per_cpu_s": [len(sources) / t for t in cpu[name]],
-                         "bleu": BLEU().corpus_score(outputs[name], [references]).score,
-                         "identical": f"{same}/{len(sources)}"})
+        rows += time_engines(engines, checkpoint, threads, references, args.repeats)
     return rows
 
 
-def run(args) -> str:
+def time_engines(engines: Dict, checkpoint: str, threads: int, references: List[str], repeats: int) -> List[Dict]:
+    """Rows of ``engines`` (name: a call translating the split; ``"fairseq"`` first), each run once
+    untimed (warm-up, hypotheses), then ``repeats`` times interleaved."""
+    wall: Dict[str, List[float]] = {name: [] for name in engines}
+    cpu: Dict[str, List[float]] = {name: [] for name in engines}
+    outputs = {name: run() for name, run in engines.items()}  # warm-up, and the hypotheses
+    names = list(engines)
+    for repeat in range(repeats):  # interleaved, a different engine first each time
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            start, start_cpu = time.perf_counter(), time.process_time()  # CPU time: all threads
+            engines[name]()
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    rows = []
+    for name in names:
+        same = sum(a == b for a, b in zip(outputs[name], outputs["fairseq"]))
+        rows.append({"checkpoint": checkpoint, "threads": threads, "engine": name,
+                     "sentences_per_s": [len(references) / t for t in wall[name]],
+                     "sentences_per_cpu_s": [len(references) / t for t in cpu[name]],
+                     "bleu": BLEU().corpus_score(outputs[name], [references]).score,
+                     "identical": f"{same}/{len(references)}"})
+    return rows
+
+
+def run(args, measure=measure_checkpoint, engine: str = "CTranslate2") -> str:
+    """The report of ``measure`` (a function like :func:`measure_checkpoint`) on every checkpoint."""
     args.load_at_start = os.getloadavg()[0]
     start = time.time()
     with tempfile.TemporaryDirectory() as work_dir:
-        rows = [row for checkpoint in args.checkpoints for row in measure_checkpoint(checkpoint, args, work_dir)]
+        rows = [row for checkpoint in args.checkpoints for row in measure(checkpoint, args, work_dir)]
     table = []
     for row in rows:
         fairseq = next(r for r in rows if r["checkpoint"] == row["checkpoint"] and r["threads"] == row["threads"]
@@ -112,7 +121,7 @@ def run(args) -> str:
             cells += [f"{speed:.1f}", " / ".join(f"{s:.1f}" for s in row[key]),
                       f"{speed / statistics.median(fairseq[key]):.2f}×"]
         table.append(cells + [f"{row['bleu']:.2f}", row["identical"]])
-    lines = [f"# fairseq-generate vs CTranslate2 (beam {args.beam}, max length {args.max_len}, "
+    lines = [f"# fairseq-generate vs {engine} (beam {args.beam}, max length {args.max_len}, "
              f"batches of {args.batch_size})", ""]
     lines += describe_run(args, time.time() - start) + [""]
     lines.append(markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat", "vs fairseq",

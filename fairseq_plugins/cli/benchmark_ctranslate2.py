@@ -1,6 +1,6 @@
-"""fairseq-plugins-benchmark-ctranslate2 DATA CHECKPOINT [CHECKPOINT ...] [--threads 1 2] [--out FILE]
+"""fairseq-plugins-benchmark-ctranslate2 DATA CHECKPOINT [CHECKPOINT ...] [--threads 1 2] [--engine onnx] [--out FILE]
 
-What is measured and how: :mod:`fairseq_plugins.benchmarks.ctranslate2`.
+What is measured and how: :mod:`fairseq_plugins.benchmarks.ctranslate2` (:mod:`~fairseq_plugins.benchmarks.onnx`).
 """
 from fairseq_plugins.benchmarks.ctranslate2 import run
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
@@ -20,13 +20,21 @@ def get_parser() -> ArgumentParser:
     parser.add_argument("--max-len", type=int, default=200,
                         help="longest hypothesis, both engines (fairseq's --max-len-b; default: 200)")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
+    parser.add_argument("--engine", choices=["ctranslate2", "onnx"], default="ctranslate2",
+                        help="the export measured against fairseq-generate: CTranslate2 (vaswani_transformer) or "
+                             "fairseq-plugins-export-onnx (any family); default ctranslate2")
     parser.add_argument("--out", help="also write the markdown report to this file")
     return parser
 
 
 def main(argv=None):
     def body(args):
-        report = run(args)
+        if args.engine == "onnx":  # onnxruntime and onnxscript only then
+            from fairseq_plugins.benchmarks.onnx import measure_checkpoint
+
+            report = run(args, measure_checkpoint, "ONNX Runtime")
+        else:
+            report = run(args)
         print(report)
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:

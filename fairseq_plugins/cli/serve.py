@@ -3,7 +3,8 @@
     fairseq-plugins-serve MODEL [--port 8080] [--host 127.0.0.1] [--max-batch-tokens N]
                           [--max-delay-ms D] [--workers W] [--tokenizer moses --bpe ...]
 
-MODEL is a CTranslate2 folder written by ``fairseq-plugins-export-ctranslate2`` or a checkpoint
+MODEL is a CTranslate2 folder written by ``fairseq-plugins-export-ctranslate2``, an ONNX folder written
+by ``fairseq-plugins-export-onnx`` or a checkpoint
 of any family. The API and the page: :mod:`fairseq_plugins.serve.app`.
 """
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
@@ -13,7 +14,7 @@ from fairseq_plugins.serve.server import serve
 
 def get_parser():
     parser = ArgumentParser(prog="fairseq-plugins-serve", description=__doc__.split("\n")[0])
-    parser.add_argument("model", metavar="MODEL", help="a CTranslate2 folder or a fairseq checkpoint file")
+    parser.add_argument("model", metavar="MODEL", help="a CTranslate2 folder, an ONNX folder or a fairseq checkpoint file")
     parser.add_argument("--data", help="dictionaries of a checkpoint (default: its training data directory)")
     parser.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this host only)")
     parser.add_argument("--port", type=int, default=8080, help="default 8080")

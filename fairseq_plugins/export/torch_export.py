@@ -6,7 +6,10 @@
 
 The encoder program maps left-padded ``src_tokens`` [B, S] to the decoder's initial state; the
 step program takes the previous target token [B, 1] and that state and returns the next
-token's log-probabilities [B, V] and the new state, so any search (greedy, beam: reorder the
+token's log-probabilities [B, V] and the new state (with ``export_model(model, attention=True)``,
+last, the step's attention over the source [B, S] as ``extra["attn"]`` gives it: RNNsearch's α,
+the Transformer's alignment layer averaged over heads; the families without attention return
+none), so any search (greedy, beam: reorder the
 state rows with ``index_select``) runs outside. Batch and source length are dynamic
 (``torch.export.Dim``). The recurrent encoders run as one ``scan`` over time when exported
 (the eager code's Python loop and packed sequences cannot be traced for an unknown length);
@@ -96,9 +99,9 @@ class EncoderProgram(nn.Module):
 class DecoderStepProgram(nn.Module):
     """One step of the eager decoder on the state handed in."""
 
-    def __init__(self, model, kinds: Dict[str, str]):
+    def __init__(self, model, kinds: Dict[str, str], attention: bool = False):
         super().__init__()
-        self.decoder, self.kinds = model.decoder, kinds
+        self.decoder, self.kinds, self.attention = model.decoder, kinds, attention
 
     def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
         cache = ExportCache.from_state(self.kinds, state)
@@ -106,9 +109,15 @@ class DecoderStepProgram(nn.Module):
         put_cache(self.decoder, incremental_state, cache)
         # the decoder reads the newest token and, from the prefix length, its position (Transformer)
         prefix = prev_token.expand(-1, cache.steps + 1)
-        logits, _ = self.decoder(prefix, None, incremental_state=incremental_state)
+        logits, extra = self.decoder(prefix, None, incremental_state=incremental_state)
         log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)  # as fairseq's get_normalized_probs
-        return (log_probs,) + cache.state()
+        return (log_probs,) + cache.state() + _attention(extra, self.attention)
+
+
+def _attention(extra, wanted: bool) -> Tuple[Tensor, ...]:
+    """The step's attention row [B, S] when ``wanted`` and the decoder has attention."""
+    attn = extra["attn"][0] if wanted and extra and extra.get("attn") else None
+    return (attn[:, -1].float(),) if attn is not None else ()
 
 
 def _layout(model) -> Dict[str, str]:
@@ -147,8 +156,9 @@ def _dynamic_shapes(model, kinds, dims: Dict[str, Dim]):
                  for i, t in enumerate(base))
 
 
-def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
-    """The encoder and decoder-step programs of a model of any family (put in eval mode)."""
+def export_model(model, attention: bool = False) -> Tuple[ExportedProgram, ExportedProgram]:
+    """The encoder and decoder-step programs of a model of any family (put in eval mode); with
+    ``attention`` the step also returns its attention row (see the module's doc)."""
     model.eval()
     kinds = _layout(model)
     # the Transformer's position tables bound its lengths (the step's position is t + 1)
@@ -160,7 +170,7 @@ def export_model(model) -> Tuple[ExportedProgram, ExportedProgram]:
         src, prev, state = _example_state(model, kinds, (7, 5), TRACED_STEPS)
         encoder = torch.export.export(EncoderProgram(model), (src,),
                                       dynamic_shapes=({0: dims["batch"], 1: dims["src_len"]},))
-        step = torch.export.export(DecoderStepProgram(model, kinds), (prev, *state),
+        step = torch.export.export(DecoderStepProgram(model, kinds, attention), (prev, *state),
                                    dynamic_shapes=({0: dims["batch"]}, _dynamic_shapes(model, kinds, dims)))
     return encoder, step
 

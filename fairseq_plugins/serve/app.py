@@ -18,7 +18,7 @@ from typing import List, Tuple
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from fairseq_plugins.serve.backends import Options
@@ -111,6 +111,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def build_app(backend, batcher: Batcher, limits: Limits, info: dict) -> Starlette:
     page = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+    drawing = resources.files(__package__).joinpath("heatmap.js").read_text(encoding="utf-8")  # shared with the ONNX page
     text = backend.text
 
     def hypothesis(h, source_tokens):
@@ -154,6 +155,9 @@ def build_app(backend, batcher: Batcher, limits: Limits, info: dict) -> Starlett
     async def index(request: Request):
         return HTMLResponse(page)
 
+    async def heatmap(request: Request):
+        return Response(drawing, media_type="text/javascript")
+
     async def http_error(request: Request, exc: HTTPException):
         return _error(exc.status_code, exc.detail)
 
@@ -165,6 +169,6 @@ def build_app(backend, batcher: Batcher, limits: Limits, info: dict) -> Starlett
         logger.info("served %d sentences in %d batches (largest %d)", batcher.stats.sentences,
                     batcher.stats.batches, batcher.stats.largest_batch)
 
-    routes = [Route("/", index), Route("/health", health), Route("/info", information),
+    routes = [Route("/", index), Route("/heatmap.js", heatmap), Route("/health", health), Route("/info", information),
               Route("/translate", translate, methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})

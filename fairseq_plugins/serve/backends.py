@@ -1,4 +1,5 @@
-"""What translates a batch: a checkpoint through fairseq's hub interface, or a CTranslate2 folder.
+"""What translates a batch: a checkpoint through fairseq's hub interface, a CTranslate2 folder or an
+ONNX folder.
 
 Both take source subword tokens and return, per sentence, its ``n_best`` hypotheses: target
 tokens (without ``</s>``), score (the log-probability divided by the length counting ``</s>``,
@@ -142,10 +143,43 @@ class CTranslate2Backend:
                 for result in results]
 
 
+class OnnxBackend:
+    """A folder written by ``fairseq-plugins-export-onnx`` (any family, fp32 or int8), decoded by its
+    runtime :mod:`fairseq_plugins_onnx` (fairseq's beam search over two ONNX Runtime sessions)."""
+
+    kind = "onnx"
+
+    def __init__(self, folder: str, text_options: Namespace, threads: int):
+        from fairseq_plugins_onnx import Translator
+
+        self.translator = Translator(folder, threads)
+        config = self.translator.config
+        self.family, self.arch, self.has_attention = config["family"], config["arch"], config["attention"]
+        self.compute_type = config["quantization"] or "float32"
+        self.vocabulary = {"source": len(self.translator.source_vocabulary),
+                           "target": len(self.translator.target_vocabulary)}
+        if not (text_options.tokenizer or text_options.bpe):  # the folder's own preprocessing
+            pre = config["preprocessing"]
+            text_options = Namespace(**{**vars(text_options), "tokenizer": pre["tokenizer"], "bpe": pre["bpe"],
+                                        "source_lang": pre["source_lang"], "target_lang": pre["target_lang"],
+                                        **{key: os.path.join(folder, pre[key]) for key in ("bpe_codes", "sentencepiece_model")
+                                           if pre[key]}})
+        self.text = TextPipeline.from_options(text_options)
+
+    def translate(self, sources: List[List[str]], options: Options) -> List[List[Hypothesis]]:
+        results = self.translator.translate(sources, beam=options.beam, n_best=options.n_best)
+        return [[Hypothesis(h.tokens, h.score, [row[:-1] for row in h.attention[:-1]] if options.alignment else None)
+                 for h in hypos] for hypos in results]
+
+
 def load_backend(model: str, data: Optional[str], text_options: Namespace, workers: int, threads: int):
-    """A CTranslate2 folder (it holds ``model.bin``) or a fairseq checkpoint file."""
+    """An ONNX folder (it holds ``decoder_step.onnx``), a CTranslate2 folder (``model.bin``) or a
+    fairseq checkpoint file."""
     if os.path.isdir(model):
+        if os.path.isfile(os.path.join(model, "decoder_step.onnx")):
+            return OnnxBackend(model, text_options, threads)
         if not os.path.isfile(os.path.join(model, "model.bin")):
-            raise ConfigError(f"MODEL {model} is a folder without model.bin: not a CTranslate2 model")
+            raise ConfigError(f"MODEL {model} is a folder without model.bin or decoder_step.onnx: neither a "
+                              "CTranslate2 nor an ONNX model")
         return CTranslate2Backend(model, text_options, workers, threads)
     return HubBackend(model, data, text_options, threads)

@@ -1,0 +1,211 @@
+"""Translate with a folder written by ``fairseq-plugins-export-onnx``: numpy and onnxruntime only.
+
+    from fairseq_plugins_onnx import Translator
+    translator = Translator("model-onnx")
+    [best, *_] = translator.translate([["a", "tokenized", "sentence"]])[0]
+    best.tokens, best.score, best.attention
+
+This module imports neither torch nor fairseq (it lives beside the ``fairseq_plugins`` package,
+whose import installs the fairseq patches), and the exporter copies it into the folder, so the
+folder runs wherever numpy and onnxruntime do.
+
+The beam search is fairseq's ``SequenceGenerator`` with ``BeamSearch``, rule for rule: the first
+step expands only the first beam; ``2 * beam`` candidates per sentence; a hypothesis ending in
+``</s>`` among the first ``beam`` candidates is finished, scored by its summed log-probability /
+(length counting ``</s>``) ** lenpen; a sentence is done once ``beam`` hypotheses finished;
+``<pad>`` is never chosen, ``</s>`` not at the first step, and after ``max_len = min(max_len_b,
+max target positions - 1)`` tokens only ``</s>`` is. Finished sentences leave the batch. The
+attention of a hypothesis is the one each step saw, as ``--print-alignment soft`` prints it: one
+row per target token (``</s>`` included) over the source tokens (``</s>`` included).
+"""
+import json
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+CONFIG = "config.json"
+
+
+@dataclass
+class Hypothesis:
+    tokens: List[str]  # without </s>
+    ids: List[int]  # target dictionary ids, </s> included
+    score: float  # log-probability / (len(ids) ** lenpen), natural log
+    positional_scores: List[float]  # log-probability of each id
+    attention: Optional[List[List[float]]] = None  # [len(ids)][source length with </s>]
+
+
+def read_config(folder: str) -> dict:
+    path = os.path.join(folder, CONFIG)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{folder}: no {CONFIG}; not a folder written by fairseq-plugins-export-onnx")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class Translator:
+    """The folder's two ONNX Runtime sessions and its vocabularies; :meth:`translate` runs beam search."""
+
+    def __init__(self, folder: str, threads: int = 1):
+        self.folder, self.config = folder, read_config(folder)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        self.encoder, self.step = (
+            ort.InferenceSession(os.path.join(folder, name), options, providers=["CPUExecutionProvider"])
+            for name in ("encoder.onnx", "decoder_step.onnx"))
+        self.names = self.config["state"]
+        self.source_vocabulary, self.target_vocabulary = (
+            self._vocabulary(self.config["vocabularies"][side]) for side in ("source", "target"))
+        self.source_index = {symbol: i for i, symbol in reversed(list(enumerate(self.source_vocabulary)))}
+        special = self.config["special"]
+        self.pad, self.eos, self.unk = special["pad"], special["eos"], special["unk"]
+        self.has_attention = self.config["attention"]
+
+    def _vocabulary(self, name: str) -> List[str]:
+        with open(os.path.join(self.folder, name), encoding="utf-8") as f:
+            return json.load(f)
+
+    def encode(self, tokens: Sequence[str]) -> List[int]:
+        """Source ids ending in </s>, unknown tokens as <unk> (fairseq's ``encode_line``)."""
+        return [self.source_index.get(t, self.unk) for t in tokens] + [self.eos]
+
+    def translate(self, sources: Sequence[Sequence[str]], beam: Optional[int] = None, n_best: int = 1,
+                  lenpen: Optional[float] = None, max_len_b: Optional[int] = None,
+                  batch_size: int = 32) -> List[List[Hypothesis]]:
+        """The ``n_best`` best hypotheses of each source (subword tokens), best first."""
+        beam = beam or self.config["beam"]
+        lenpen = self.config["lenpen"] if lenpen is None else lenpen
+        max_len = min(max_len_b or self.config["max_len_b"], self.config["max_target_positions"] - 1)
+        if not 1 <= n_best <= beam:
+            raise ValueError(f"n_best {n_best}: must be in [1, beam {beam}]")
+        ids = [self.encode(tokens) for tokens in sources]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # batches of like lengths
+        out: List[List[Hypothesis]] = [[] for _ in ids]
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            width = max(len(ids[i]) for i in chunk)
+            src = np.full((len(chunk), width), self.pad, dtype=np.int64)
+            for row, i in enumerate(chunk):  # left-padded, as fairseq's LanguagePairDataset
+                src[row, width - len(ids[i]):] = ids[i]
+            for row, (i, hypos) in enumerate(zip(chunk, self._beam_search(src, beam, lenpen, max_len))):
+                length = len(ids[i])
+                out[i] = [self._hypothesis(h, width - length) for h in hypos[:n_best]]
+        return out
+
+    def _hypothesis(self, h: dict, padding: int) -> Hypothesis:
+        attention = None if h["attention"] is None else h["attention"][padding:].T.tolist()
+        return Hypothesis([self.target_vocabulary[i] for i in h["ids"][:-1]], h["ids"], h["score"],
+                          h["positional_scores"], attention)
+
+    def _run_step(self, prev: np.ndarray, state: List[np.ndarray]):
+        outputs = self.step.run(None, {"prev_token": prev, **dict(zip(self.names, state))})
+        n = len(self.names)
+        return outputs[0], outputs[1:1 + n], outputs[1 + n] if self.has_attention else None
+
+    def _beam_search(self, src: np.ndarray, beam: int, lenpen: float, max_len: int) -> List[List[dict]]:
+        bsz, src_len = src.shape
+        state = [np.repeat(s, beam, axis=0) for s in self.encoder.run(None, {"src_tokens": src})]
+        tokens = np.full((bsz * beam, max_len + 2), self.pad, dtype=np.int64)
+        tokens[:, 0] = self.eos
+        scores = np.zeros((bsz * beam, max_len + 1), dtype=np.float32)
+        attn = np.zeros((bsz * beam, src_len, max_len + 2), dtype=np.float32) if self.has_attention else None
+        finalized: List[List[dict]] = [[] for _ in range(bsz)]
+        finished = [False] * bsz
+        sentences = np.arange(bsz)  # the sentence of each row group still in the batch
+        cands_to_ignore = np.zeros((bsz, beam), dtype=bool)
+        cand_size = 2 * beam
+        reorder = None
+        for step in range(max_len + 1):
+            if reorder is not None:
+                state = [s[reorder] for s in state]
+            lprobs, state, step_attn = self._run_step(tokens[:, step:step + 1], state)
+            lprobs = np.where(np.isnan(lprobs), -np.inf, lprobs).astype(np.float32)
+            lprobs[:, self.pad] = -np.inf
+            if step >= max_len:  # only </s> is left
+                lprobs[:, :self.eos] = -np.inf
+                lprobs[:, self.eos + 1:] = -np.inf
+            elif step < 1:  # --min-len 1
+                lprobs[:, self.eos] = -np.inf
+            if attn is not None:
+                attn[:, :, step + 1] = step_attn
+            vocab = lprobs.shape[1]
+            candidates = lprobs.reshape(bsz, beam, vocab)
+            if step == 0:
+                candidates = candidates[:, :1]  # every beam row holds the same hypothesis
+            else:
+                candidates = candidates + scores.reshape(bsz, beam, -1)[:, :, step - 1][:, :, None]
+            flat = candidates.reshape(bsz, -1)
+            k = min(cand_size, flat.shape[1] - 1)  # -1: never <pad>
+            top = np.argsort(-flat, axis=1, kind="stable")[:, :k]
+            cand_scores = np.take_along_axis(flat, top, axis=1)
+            cand_beams, cand_indices = top // vocab, top % vocab
+            offsets = (np.arange(bsz) * beam)[:, None]
+            cand_bbsz_idx = cand_beams + offsets
+            eos_mask = (cand_indices == self.eos) & (cand_scores != -np.inf)
+            eos_mask[:, :beam][cands_to_ignore] = False
+            done_rows: List[int] = []
+            first = eos_mask[:, :beam]
+            if first.any():
+                done_rows = self._finalize(step, cand_bbsz_idx[:, :beam][first], cand_scores[:, :beam][first],
+                                           tokens, scores, attn, finalized, finished, sentences, beam, lenpen,
+                                           max_len)
+            if all(finished):
+                break
+            kept = None
+            if done_rows:  # finished sentences leave the batch
+                kept = np.array([r for r in range(bsz) if r not in set(done_rows)])
+                bsz = len(kept)
+                eos_mask, cand_beams = eos_mask[kept], cand_beams[kept]
+                cand_scores, cand_indices = cand_scores[kept], cand_indices[kept]
+                cand_bbsz_idx = cand_beams + (np.arange(bsz) * beam)[:, None]
+                cands_to_ignore, sentences = cands_to_ignore[kept], sentences[kept]
+                rows = (kept[:, None] * beam + np.arange(beam)).reshape(-1)
+                tokens, scores = tokens[rows], scores[rows]
+                attn = attn[rows] if attn is not None else None
+            eos_mask[:, :beam] = cands_to_ignore | eos_mask[:, :beam]
+            active_mask = eos_mask * cand_size + np.arange(eos_mask.shape[1])
+            active_hypos = np.argsort(active_mask, axis=1, kind="stable")[:, :beam]
+            cands_to_ignore = np.take_along_axis(active_mask, active_hypos, axis=1) >= cand_size
+            active_bbsz_idx = np.take_along_axis(cand_bbsz_idx, active_hypos, axis=1).reshape(-1)
+            tokens[:, :step + 1] = tokens[active_bbsz_idx, :step + 1]
+            tokens.reshape(bsz, beam, -1)[:, :, step + 1] = np.take_along_axis(cand_indices, active_hypos, axis=1)
+            if step > 0:
+                scores[:, :step] = scores[active_bbsz_idx, :step]
+            scores.reshape(bsz, beam, -1)[:, :, step] = np.take_along_axis(cand_scores, active_hypos, axis=1)
+            if attn is not None:
+                attn[:, :, :step + 2] = attn[active_bbsz_idx, :, :step + 2]
+            # the state rows are still those before the finished sentences left
+            reorder = active_bbsz_idx if kept is None else (kept[active_bbsz_idx // beam] * beam
+                                                            + active_bbsz_idx % beam)
+        return [sorted(hypos, key=lambda h: -h["score"]) for hypos in finalized]
+
+    def _finalize(self, step, bbsz_idx, eos_scores, tokens, scores, attn, finalized, finished, sentences,
+                  beam, lenpen, max_len) -> List[int]:
+        """Record the hypotheses ending at ``step``; the batch rows whose sentence is now done."""
+        ids = tokens[bbsz_idx, 1:step + 2].copy()
+        ids[:, step] = self.eos
+        positional = scores[bbsz_idx, :step + 1].copy()
+        positional[:, step] = eos_scores
+        positional[:, 1:] = positional[:, 1:] - positional[:, :-1]
+        normalized = eos_scores / (step + 1) ** lenpen
+        seen = []
+        for i, row_beam in enumerate(bbsz_idx):
+            row = int(row_beam) // beam
+            sentence = sentences[row]
+            if row not in seen:
+                seen.append(row)
+            if len(finalized[sentence]) < beam:
+                finalized[sentence].append({
+                    "ids": ids[i].tolist(), "score": float(normalized[i]),
+                    "positional_scores": positional[i].tolist(),
+                    "attention": attn[row_beam, :, 1:step + 2].copy() if attn is not None else None})
+        done = []
+        for row in seen:
+            sentence = sentences[row]
+            if not finished[sentence] and (len(finalized[sentence]) == beam or step == max_len):
+                finished[sentence] = True
+                done.append(row)
+        return done

@@ -1,0 +1,325 @@
+"""fairseq-plugins-export-onnx and its runtime: ONNX Runtime computes what fairseq computes.
+
+Oracles, on the session's tiny trained models of every family: the fairseq model's own full
+forward (log-probabilities within 1e-4, batches padded differently, one token at a time through
+the exported state), and ``fairseq-generate --beam 4 [--print-alignment soft]`` on 100 test
+sentences (the runtime's hypotheses, scores within 1e-4 and alignments within 1e-4; the one
+difference allowed is a hypothesis that reaches the length limit).
+"""
+import contextlib
+import functools
+import http.server
+import math
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from sacrebleu.metrics import BLEU
+
+from fairseq_plugins.cli import export_onnx
+from fairseq_plugins.data.synthetic_corpus import preprocess_args
+from fairseq_plugins.export.common import build_model, read_checkpoint
+from fairseq_plugins_onnx import Translator
+from helpers import ONE_THREAD, USER_DIR, in_parallel, make_corpus, run
+
+pytestmark = pytest.mark.slow
+
+EXPORT = "fairseq-plugins-export-onnx"
+FAMILIES = ("vaswani_transformer", "rnnsearch", "rnnencdec")  # seq2seq_lstm: refused (see the bad-input test)
+ATTENTION = ("vaswani_transformer", "rnnsearch")
+MAX_LEN = 200  # fairseq-generate's default --max-len-b
+
+
+@pytest.fixture(scope="module")
+def test100(tmp_path_factory, data_bin):
+    """The corpus with 100 test sentences (the same training split), binarized with data_bin's dictionary."""
+    root = tmp_path_factory.mktemp("onnx-data")
+    raw = make_corpus(str(root / "raw"), test=100)
+    dest = str(root / "bin")
+    run(["fairseq-preprocess", *preprocess_args(raw, dest, srcdict=f"{data_bin}/dict.src.txt")])
+    return raw, dest
+
+
+def export(*args):
+    """The command's main() in-process (the console script is run once, in the refusal test)."""
+    export_onnx.main([str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def folders(generation_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("onnx-folders")
+    for family in FAMILIES:
+        export(generation_models[family], root / family, "--beam", "4")
+    return {family: str(root / family) for family in FAMILIES}
+
+
+def fairseq_generate(data, checkpoint, family):
+    """{id: (source, hypothesis, score in nats, soft alignment rows or None)} of fairseq-generate --beam 4."""
+    flags = ["--print-alignment", "soft"] if family in ATTENTION else []
+    out = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "4",
+               "--batch-size", "32", "--cpu", "--num-workers", "0", *flags], env=ONE_THREAD)
+    rows = {}
+    for kind, i, rest in re.findall(r"^([SHA])-(\d+)\t(.*)$", out, flags=re.M):
+        rows.setdefault(int(i), {})[kind] = rest
+    return {i: (r["S"], r["H"].split("\t")[1], float(r["H"].split("\t")[0]) * math.log(2),  # printed in base 2
+                [[float(p) for p in row.split(",")] for row in r["A"].split()] if "A" in r else None)
+            for i, r in rows.items()}
+
+
+@pytest.fixture(scope="module")
+def generated(generation_models, test100):
+    return dict(zip(FAMILIES, in_parallel([lambda family=family: fairseq_generate(
+        test100[1], generation_models[family], family) for family in FAMILIES])))
+
+
+def _left_padded(rows, pad):
+    out = np.full((len(rows), max(len(r) for r in rows)), pad, dtype=np.int64)
+    for n, r in enumerate(rows):
+        out[n, out.shape[1] - len(r):] = r
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_log_probs_equal_the_fairseq_models(family, folders, generation_models, test100, data_bin):
+    """Teacher-forced references, one token at a time through decoder_step.onnx's state, in a batch
+    of 8, in two batches of other padding, and alone, against the model's full forward on each
+    sentence alone (no padding, no incremental state)."""
+    checkpoint = generation_models[family]
+    model, task = build_model(read_checkpoint(checkpoint), checkpoint, data_bin)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    raw = test100[0]
+    sources = open(f"{raw}/test.src", encoding="utf-8").read().splitlines()[:8]
+    targets = open(f"{raw}/test.tgt", encoding="utf-8").read().splitlines()[:8]
+    src = [src_dict.encode_line(s, add_if_not_exist=False).tolist() for s in sources]
+    tgt = [tgt_dict.encode_line(t, add_if_not_exist=False).tolist() for t in targets]
+    expected = []
+    with torch.no_grad():
+        for s, t in zip(src, tgt):
+            prev = torch.tensor([[tgt_dict.eos()] + t[:-1]])
+            out = model(torch.tensor([s]), torch.tensor([len(s)]), prev)
+            expected.append(model.get_normalized_probs(out, log_probs=True)[0].numpy())
+    translator = Translator(folders[family])
+    for group in ([0, 1, 2, 3, 4, 5, 6, 7], [5, 0, 3], [7, 2, 6, 1, 4], [6]):
+        state = translator.encoder.run(None, {"src_tokens": _left_padded([src[i] for i in group], src_dict.pad())})
+        steps = max(len(tgt[i]) for i in group)
+        for t in range(steps):
+            prev = np.array([[tgt_dict.eos() if t == 0 else tgt[i][min(t, len(tgt[i])) - 1]] for i in group])
+            log_probs, state, _ = translator._run_step(prev, state)
+            for row, i in enumerate(group):
+                if t < len(tgt[i]):
+                    np.testing.assert_allclose(log_probs[row], expected[i][t], atol=1e-4, rtol=0,
+                                               err_msg=f"{family}: sentence {i}, step {t}, batch {group}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_search_equals_fairseq_generate(family, folders, generated):
+    expected = generated[family]
+    ids = sorted(expected)
+    assert len(ids) == 100
+    results = Translator(folders[family]).translate([expected[i][0].split() for i in ids], beam=4)
+    differences = 0
+    for i, hypos in zip(ids, results):
+        source, hypothesis, score, alignment = expected[i]
+        best = hypos[0]
+        if " ".join(best.tokens) != hypothesis:  # the one difference allowed: a runaway hypothesis cut at the limit
+            differences += 1
+            assert MAX_LEN in (len(best.tokens), len(hypothesis.split())), \
+                f"{family}: sentence {i} differs before the length limit: {best.tokens} vs {hypothesis}"
+            continue
+        assert best.score == pytest.approx(score, abs=1e-4), f"{family}: sentence {i}"
+        assert (best.attention is not None) == (family in ATTENTION)
+        if alignment is not None:  # one row per target token, </s> included, over the source with </s>
+            np.testing.assert_allclose(np.array(best.attention), np.array(alignment), atol=1e-4, rtol=0,
+                                       err_msg=f"{family}: sentence {i}")
+    print(f"{family}: {100 - differences}/100 identical")
+
+
+def test_runtime_needs_neither_torch_nor_fairseq(folders, generated):
+    """The folder's own copy of the runtime, imported in a fresh interpreter, translates as the package's."""
+    folder = folders["rnnsearch"]
+    source = generated["rnnsearch"][0][0]
+    code = ("import sys, fairseq_plugins_onnx as m; h = m.Translator(sys.argv[1]).translate([sys.argv[2].split()], "
+            "beam=4)[0][0]; assert not {'torch', 'fairseq', 'fairseq_plugins'} & set(sys.modules), sorted(sys.modules); "
+            "print(m.__file__); print(' '.join(h.tokens))")
+    out = subprocess.run([sys.executable, "-c", code, folder, source], cwd=folder, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out[0] == os.path.join(folder, "fairseq_plugins_onnx.py")
+    assert out[1] == generated["rnnsearch"][0][1]
+
+
+@pytest.mark.parametrize("family", ["rnnsearch", "vaswani_transformer"])
+def test_int8_keeps_hypotheses_and_bleu(family, folders, generation_models, generated, test100, tmp_path):
+    out = tmp_path / "int8"
+    export(generation_models[family], out, "--beam", "4", "--quantize", "int8")
+    expected = generated[family]
+    ids = sorted(expected)
+    sources = [expected[i][0].split() for i in ids]
+    refs = open(f"{test100[0]}/test.tgt", encoding="utf-8").read().splitlines()
+    hyps = {}
+    for name, folder in (("float32", folders[family]), ("int8", str(out))):
+        hyps[name] = [" ".join(h[0].tokens) for h in Translator(folder).translate(sources, beam=4)]
+    same = sum(a == b for a, b in zip(hyps["float32"], hyps["int8"]))
+    bleu = {name: BLEU().corpus_score(h, [[refs[i] for i in ids]]).score for name, h in hyps.items()}
+    print(f"{family} int8: {same}/100 hypotheses as float32; BLEU {bleu['float32']:.2f} -> {bleu['int8']:.2f}")
+    assert same >= 90, (same, bleu)
+
+
+def _refused(args, fragment, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        export(*args)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()  # fairseq's import-time log records may come first
+    assert exit_info.value.code == 2 and lines[-1].startswith(f"{EXPORT}: error:") and fragment in lines[-1] \
+        and "Traceback" not in err, lines
+
+
+def test_bad_input_is_one_line_and_writes_nothing(generation_models, folders, tmp_path, capsys):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "kept.txt").write_text("mine")
+    before = sorted(os.listdir(tmp_path))
+    _refused([generation_models["builtin_transformer"], tmp_path / "out"], "architecture 'transformer'", capsys)
+    _refused([garbage, tmp_path / "out"], str(garbage), capsys)
+    _refused([generation_models["seq2seq_lstm"], tmp_path / "out"], "seq2seq_lstm is not exported to ONNX yet", capsys)
+    _refused([generation_models["rnnsearch"], existing], "exists; pass --force", capsys)
+    _refused([generation_models["rnnsearch"], existing, "--force"], "not a fairseq-plugins-export-onnx folder", capsys)
+    _refused([generation_models["rnnsearch"], tmp_path / "out", "--bpe-codes", tmp_path / "none.codes"],
+             "--bpe-codes", capsys)
+    assert sorted(os.listdir(tmp_path)) == before and os.listdir(existing) == ["kept.txt"]
+    # the installed console script: one line too
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), EXPORT), str(garbage), str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr \
+        and proc.stderr.strip().splitlines()[-1].startswith(f"{EXPORT}: error: {garbage}"), proc.stderr
+
+
+def test_serve_accepts_the_folder(folders, generated, tmp_path):
+    """fairseq-plugins-serve OUT_DIR: the ONNX backend answers fairseq-generate's hypotheses, scores and
+    alignments (the API's alignment leaves </s> of either side out)."""
+    import httpx
+
+    from fairseq_plugins.benchmarks.serve import ServerProcess
+
+    expected = generated["rnnsearch"]
+    ids = [i for i in sorted(expected) if len(expected[i][1].split()) < MAX_LEN][:5]
+    with ServerProcess(folders["rnnsearch"], ["--max-delay-ms", "1"], log=str(tmp_path / "serve.log"),
+                       env=ONE_THREAD) as server:
+        info = httpx.get(server.url + "/info", timeout=30).json()
+        assert (info["backend"], info["family"], info["alignment"]) == ("onnx", "rnnsearch", True)
+        answer = httpx.post(server.url + "/translate", json={"text": [expected[i][0] for i in ids], "alignment": True,
+                                                             "beam": 4}, timeout=60).json()["translations"]
+    for i, t in zip(ids, answer):
+        _, hypothesis, score, alignment = expected[i]
+        assert t["text"] == hypothesis and t["score"] == pytest.approx(score, abs=1e-4)
+        np.testing.assert_allclose(np.array(t["alignment"]), np.array(alignment)[:-1, :-1], atol=1e-4, rtol=0)
+
+
+@contextlib.contextmanager
+def static_server(folder):
+    """A plain static file server on the folder, as a user would start (python -m http.server)."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=folder))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _translate_in_page(page, text):
+    page.evaluate("document.getElementById('translation').textContent = ''")
+    page.fill("#source", text)
+    page.click("#go")
+    page.wait_for_function("document.getElementById('translation').textContent !== '' || "
+                           "document.getElementById('error').textContent !== ''", timeout=60_000)
+    assert page.inner_text("#error") == ""
+    return page.inner_text("#translation")
+
+
+def test_page_translates_as_fairseq_generate_offline(folders, generated):
+    """index.html from a static server in headless Chromium: 20 test sentences per family to
+    fairseq-generate's strings, the heat-map's cells carrying --print-alignment's values, and no
+    request outside the folder."""
+    from playwright.sync_api import sync_playwright
+    from test_serve_browser import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for family in FAMILIES:
+                assert os.path.isfile(os.path.join(folders[family], "index.html")), \
+                    "no page: bash scripts/setup_onnx_web.sh installs onnxruntime-web"
+                expected = generated[family]
+                ids = [i for i in sorted(expected) if len(expected[i][1].split()) < MAX_LEN][:20]
+                with static_server(folders[family]) as url:
+                    page = browser.new_page()
+                    requests = []
+                    page.on("request", lambda r: requests.append(r.url))
+                    page.goto(url + "/index.html")
+                    page.wait_for_selector("#go:enabled", timeout=120_000)
+                    assert family in page.inner_text("#model")
+                    for i in ids:
+                        source, hypothesis, _, alignment = expected[i]
+                        assert _translate_in_page(page, source) == hypothesis, f"{family}: sentence {i}"
+                        if alignment is None:
+                            assert page.locator("#heatmap").count() == 0
+                            continue
+                        cells = page.eval_on_selector_all("#heatmap tbody tr", "rows => rows.map(r => Array.from("
+                                                          "r.querySelectorAll('td')).map(td => Number(td.dataset.weight)))")
+                        np.testing.assert_allclose(np.array(cells), np.array(alignment)[:-1, :-1], atol=1e-4, rtol=0,
+                                                   err_msg=f"{family}: sentence {i}")
+                    page.close()
+                    assert requests and all(r.startswith(url + "/") for r in requests), requests
+        finally:
+            browser.close()
+
+
+# text with what subword models meet in the wild: case, digits, punctuation runs, a URL, non-Latin script
+ODD_TEXT = ["labelWarning 2026-12-01 ...!!! http://example.org/a_b?c=1", "naïve café Straße", "Привет мир 東京"]
+
+
+def test_page_subwords_equal_subword_nmt_and_sentencepiece(folders, test100, tmp_path):
+    """The page's BPE (subword-nmt's merges) and unigram sentencepiece, run in Chromium, against the
+    libraries on the corpus' test sentences and odd text."""
+    from playwright.sync_api import sync_playwright
+    from subword_nmt.apply_bpe import BPE
+    from test_serve_browser import CHROMIUM, CHROMIUM_ARGS
+
+    from fairseq_plugins.data.subwords import learn_apply_bpe, learn_apply_sentencepiece
+    from fairseq_plugins.export.onnx_web import _sentencepiece_pieces
+
+    raw = test100[0]
+    train = open(f"{raw}/train.src", encoding="utf-8").read().splitlines()
+    lines = open(f"{raw}/test.src", encoding="utf-8").read().splitlines() + ODD_TEXT
+    bpe_lines = learn_apply_bpe(train, {"test": lines}, 150, str(tmp_path / "bpe.codes"))["test"]
+    with open(tmp_path / "bpe.codes", encoding="utf-8") as f:
+        assert bpe_lines == [BPE(f).process_line(line) for line in lines]  # the library's own route
+    spm_lines = learn_apply_sentencepiece(train, {"test": lines[:-1]}, 120, str(tmp_path / "spm"))["test"]
+    pieces = _sentencepiece_pieces(str(tmp_path / "spm.model"))
+    with sync_playwright() as p, static_server(folders["rnnsearch"]) as url:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(url + "/index.html")
+            page.wait_for_selector("#go:enabled", timeout=120_000)
+            bpe_js = page.evaluate("([codes, lines]) => { const b = new Bpe(codes); "
+                                   "return lines.map((l) => b.encode(l).join(' ')); }",
+                                   [(tmp_path / "bpe.codes").read_text(encoding="utf-8"), lines])
+            spm_js = page.evaluate("([model, lines]) => { const u = new Unigram(model); "
+                                   "return lines.map((l) => u.encode(l).join(' ')); }", [pieces, lines[:-1]])
+        finally:
+            browser.close()
+    assert bpe_js == bpe_lines
+    assert spm_js == spm_lines
