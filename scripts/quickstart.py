@@ -56,9 +56,10 @@ def main(argv=None):
                    help="training time limit per model, a safety net: the table should not depend on the CPU's speed")
     p.add_argument("--jobs", type=int, default=2, help="trainings at a time, one thread each")
     args = p.parse_args(argv)
-    if args.jobs < 1:
-        p.error(f"--jobs {args.jobs}: need at least 1")
-    # One thread per training: on a small CPU two single-threaded trainings beat one with two threads.
+    for flag, value in (("--jobs", args.jobs), ("--max-update", args.max_update)):
+        if value is not None and value < 1:
+            p.error(f"{flag} {value}: need at least 1")
+    # One thread per training, --jobs of them share the cores (as examples/paper_claims does).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.makedirs(args.work, exist_ok=True)
     raw = experiment.make_corpus(os.path.join(args.work, "raw"), train=args.train, valid=300, test=args.test,
@@ -68,7 +69,7 @@ def main(argv=None):
     def task(arch):
         flags, updates = FAMILIES[arch]
         return lambda: experiment.train_and_evaluate(args.work, arch, data, ["--arch", arch, *flags],
-                                                     args.max_update or updates, args.minutes,
+                                                     updates if args.max_update is None else args.max_update, args.minutes,
                                                      validate_last_only=True)
 
     by_model = dict(zip(args.models, experiment.run_parallel([task(arch) for arch in args.models], args.jobs)))
