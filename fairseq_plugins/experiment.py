@@ -45,7 +45,7 @@ def run(cmd, log_path=None, echo=(), prefix=""):
     ``prefix`` starts every echoed line (which run it came from, when runs go in parallel).
     """
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    log = open(log_path, "w") if log_path else None
+    log = open(log_path, "w", buffering=1) if log_path else None  # line by line: the log shows where a run is
     proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     tail = []

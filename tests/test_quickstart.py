@@ -1,9 +1,13 @@
-"""README command #1 on a tiny budget: it runs end to end, prints its table, skips done steps,
-says when a model stopped on its time limit, and averages only the end of the training done."""
+"""README command #1 on a tiny budget: it runs end to end (two trainings at a time), prints its
+table and BLEU by source length, skips done steps, says when a model stopped on its time limit,
+and averages only the end of the training done."""
+import os
 import sys
 
 import pytest
+import sacrebleu
 
+from fairseq_plugins.analysis.generate_output import read_generate
 from fairseq_plugins.checkpoints import averaging_window
 from helpers import REPO, run
 
@@ -14,22 +18,41 @@ def table_row(out, model):
     return rows[0], [cell.strip() for cell in rows[0].strip("|").split("|")]
 
 
+def length_line(out, model):
+    lines = [line.split() for line in out.split("BLEU by source length")[1].splitlines() if line.split()[:1] == [model]]
+    assert len(lines) == 1
+    return [None if cell == "-" else float(cell) for cell in lines[0][1:]]
+
+
 @pytest.mark.slow
 def test_quickstart_runs_resumes_and_reports_a_time_limit(tmp_path):
     cmd = [sys.executable, f"{REPO}/scripts/quickstart.py", "--work", tmp_path, "--train", "300", "--test", "20",
            "--max-len", "10"]
-    out = run([*cmd, "--models", "rnnencdec_tiny", "--max-update", "3"])
+    models = ["rnnencdec_tiny", "seq2seq_lstm_tiny"]
+    out = run([*cmd, "--models", *models, "--max-update", "3", "--jobs", "2"])
     assert "fairseq-train" in out and "train_inner" in out  # progress is shown
-    row, (_, params, updates, minutes, bleu, chrf) = table_row(out, "rnnencdec_tiny")
-    assert int(params.replace(",", "")) > 1000 and updates == "3" and 0 <= float(bleu) <= 100 and 0 <= float(chrf) <= 100
-    assert "(test set: 20 sentences" in out and "time limit" not in out
-    again = run([*cmd, "--models", "rnnencdec_tiny", "--max-update", "3"])
-    assert "done before, skipping" in again and "fairseq-train" not in again.split("done before")[0]
+    for model in models:
+        row, (_, params, updates, minutes, bleu, chrf) = table_row(out, model)
+        assert int(params.replace(",", "")) > 1000 and updates == "3"
+        assert 0 <= float(bleu) <= 100 and 0 <= float(chrf) <= 100
+        # BLEU by source length, checked against sacrebleu on the sentences grouped here by word count
+        gens = read_generate(os.path.join(tmp_path, model, "generate.txt"))
+        expected = []
+        for low, high in ((5, 6), (7, 8), (9, 10)):  # thirds of 5-10 words, as the header says
+            group = [g for g in gens if low <= len(g.src.split()) <= high]
+            expected.append(round(sacrebleu.corpus_bleu([g.output for g in group], [[g.ref for g in group]]).score, 1)
+                            if group else None)
+        assert length_line(out, model) == expected
+    assert "BLEU by source length (words): 5-6, 7-8, 9-10" in out
+    assert "(test set: 20 sentences" in out and "time limit" not in out and "examples/paper_claims" in out
+    again = run([*cmd, "--models", *models, "--max-update", "3"])
+    assert again.count("done before, skipping") == 2 and "fairseq-train" not in again.split("done before")[0]
     assert row in again
     # A limit of 0.03 s: fairseq-train stops after its first update, and the output says so.
-    out = run([*cmd, "--models", "seq2seq_lstm_tiny", "--max-update", "300", "--minutes", "0.0005"])
-    assert table_row(out, "seq2seq_lstm_tiny")[1][2] == "1"
-    assert "warning: seq2seq_lstm_tiny stopped on the 0.0005-minute time limit at update 1 of 300" in out
+    out = run([*cmd, "--work", tmp_path / "limit", "--models", "rnnsearch_tiny", "--max-update", "300",
+               "--minutes", "0.0005"])
+    assert table_row(out, "rnnsearch_tiny")[1][2] == "1"
+    assert "warning: rnnsearch_tiny stopped on the 0.0005-minute time limit at update 1 of 300" in out
 
 
 def test_averaging_window_keeps_to_the_end_of_the_training_done(tmp_path):
