@@ -102,7 +102,7 @@ def test_expected_to_fail():
 
 def run_inner_pytest(tmp_path, ci):
     """pytest on SKIPPING_TESTS and a module skipped as a whole, with this suite's hooks; returns the
-    outcome of every test and the summary line."""
+    outcome of every test, the (file, reason) of every skip and the summary line."""
     (tmp_path / "conftest.py").write_text("from skip_policy import pytest_make_collect_report, "
                                           "pytest_runtest_makereport  # noqa: F401\n")
     (tmp_path / "test_skips.py").write_text(SKIPPING_TESTS)
@@ -121,23 +121,25 @@ def run_inner_pytest(tmp_path, ci):
                            "-p", "no:randomly", "--continue-on-collection-errors", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True)
     outcomes = dict((test, outcome) for outcome, test in
                     re.findall(r"^(PASSED|FAILED|SKIPPED|XFAIL|ERROR) (?:\[\d+\] )?(\S+)", proc.stdout, re.M))
-    return outcomes, proc.stdout.strip().splitlines()[-1]
+    # -rA names a skip by its location and reason, not its node id
+    skips = re.findall(r"^SKIPPED \[\d+\] ([^:\s]+):\d+: (.*)$", proc.stdout, re.M)
+    return outcomes, skips, proc.stdout.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])
 def test_on_ci_a_missing_tool_or_file_fails_and_only_the_bf16_skip_skips(tmp_path, ci):
-    outcomes, summary = run_inner_pytest(tmp_path, ci)
+    outcomes, skips, summary = run_inner_pytest(tmp_path, ci)
     assert outcomes["test_skips.py::test_missing_data_file"] == "FAILED"
     assert outcomes["test_tool.py"] == "ERROR"
-    assert [test for test, outcome in outcomes.items() if outcome == "SKIPPED"] == ["test_skips.py::test_needs_bf16"]
+    assert skips == [("test_skips.py", needs_native_bf16.kwargs["reason"])]
     assert (outcomes["test_skips.py::test_runs"], outcomes["test_skips.py::test_expected_to_fail"]) == ("PASSED", "XFAIL")
-    assert re.match(r"=+ 1 failed, 1 passed, 1 skipped, 1 xfailed, 1 error in ", summary), summary
+    assert re.match(r"=+ 1 failed, 1 passed, 1 skipped, 1 xfailed, (\d+ warnings?, )?1 error in ", summary), summary
 
 
 @pytest.mark.parametrize("ci", [None, "false", ""])
 def test_off_ci_skips_stay_skips(tmp_path, ci):
-    outcomes, summary = run_inner_pytest(tmp_path, ci)
-    assert re.match(r"=+ 1 passed, 3 skipped, 1 xfailed in ", summary), summary
+    _, _, summary = run_inner_pytest(tmp_path, ci)
+    assert re.match(r"=+ 1 passed, 3 skipped, 1 xfailed(, \d+ warnings?)? in ", summary), summary
 
 
 def test_this_suite_uses_the_skip_policy(request):
