@@ -18,7 +18,7 @@ from fairseq_plugins.cli import benchmark
 
 MEASUREMENTS = [
     "train target tokens/s",
-    "generate sentences/s (beam 4)",
+    "generate sentences/s (beam 3)",  # the run below: --beam 3
     "generate hypothesis tokens/s",
     "train peak RSS (MiB)",
     "generate peak RSS (MiB)",

@@ -14,12 +14,13 @@ import sys
 
 import pytest
 import torch
-from helpers import ONE_THREAD, USER_DIR, cli_env, free_port, num_updates
+from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
 
 from test_numerical_faults import cpu_cuda_call, fp16_trainer, same, snapshot  # noqa: F401  (a fixture)
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import NumericalError
+from fairseq_plugins.network import free_port
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
 POISON = "5"  # a sentence id

@@ -17,9 +17,10 @@ import sys
 import pytest
 import torch
 from fairseq.data import data_utils
-from helpers import ONE_THREAD, USER_DIR, cli_env, free_port, num_updates
+from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
 
 from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.network import free_port
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
 BATCHES = 7  # per epoch
