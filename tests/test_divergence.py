@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from test_numerical_faults import cpu_cuda_call, fp16_trainer, same, snapshot  #
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import NumericalError
 from fairseq_plugins.network import free_port
+from fairseq_plugins.patches.divergence import WARMUP, _Guard
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
 POISON = "5"  # a sentence id
@@ -128,3 +130,31 @@ def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_wit
         trainer.train_step([sample])
     assert str(error.value).startswith("update 1: Minimum loss scale reached (0.5). Your loss is probably exploding.")
     assert same(snapshot(trainer), start)
+
+
+# ------------------------------------------------------------------ the loss-spike rule (patches/divergence.py's _Guard)
+
+def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_warmed_up():
+    """The rule recomputed by hand: the mean of the accepted losses per token, compared from the
+    WARMUP-th accepted update on; a refused loss does not enter the mean; factor 0 turns it off."""
+    trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1)
+    finite = torch.tensor(1.0)
+
+    def check(guard, loss_per_token, tokens=40):
+        guard.loss, guard.tokens = loss_per_token * tokens, tokens
+        return guard.check(trainer, finite)
+
+    guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))
+    assert check(guard, 100.0) is None  # before WARMUP accepted updates nothing is compared
+    for _ in range(WARMUP - 1):
+        assert check(guard, 1.0) is None
+    mean = (100.0 + (WARMUP - 1) * 1.0) / WARMUP  # 10.9
+    assert check(guard, 5 * mean + 0.01) == (f"the loss per token {5 * mean + 0.01:.4g} is above 5 x its running "
+                                            f"mean {mean:.4g}")
+    assert check(guard, 5 * mean - 0.01) is None  # the refused loss left the mean alone
+    assert check(guard, float("inf")) == "the loss is not finite"
+    assert guard.check(trainer, torch.tensor(float("nan"))) == "the gradient norm is not finite"
+
+    off = _Guard(SimpleNamespace(divergence_factor=0.0, divergence_lr_factor=0.5, max_rollbacks=5))
+    for loss in [1.0] * WARMUP + [1e6]:
+        assert check(off, loss) is None
