@@ -424,8 +424,9 @@ def test_benchmark_serve_takes_server_flags_after_dashes_as_its_help_shows(ct2_d
 def test_bad_model_is_refused_in_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     options = get_parser().parse_args(["unused"])
-    for model, message in ((tmp_path / "missing.pt", "neither a checkpoint file nor a CTranslate2 folder"),
-                           (tmp_path / "empty", "is a folder without model.bin: not a CTranslate2 model")):
+    for model, message in ((tmp_path / "missing.pt", "neither a checkpoint file nor a CTranslate2 or ONNX folder$"),
+                           (tmp_path / "empty", "is a folder without model.bin or decoder_step.onnx: neither a "
+                                                "CTranslate2 nor an ONNX model$")):
         with pytest.raises(PluginError, match=message):
             load_backend(str(model), None, options, workers=1, threads=1)
 

@@ -51,7 +51,7 @@ class HubBackend:
         from fairseq_plugins.checkpoints import load_state
 
         if not os.path.isfile(checkpoint):
-            raise CheckpointError(f"MODEL {checkpoint}: neither a checkpoint file nor a CTranslate2 folder")
+            raise CheckpointError(f"MODEL {checkpoint}: neither a checkpoint file nor a CTranslate2 or ONNX folder")
         torch.set_num_threads(threads)  # intra-op threads, shared by the workers
         state = load_state(checkpoint)
         data = data or state["cfg"]["task"]["data"]
