@@ -30,7 +30,7 @@ from helpers import ONE_THREAD, USER_DIR, in_parallel, make_corpus, run
 pytestmark = pytest.mark.slow
 
 EXPORT = "fairseq-plugins-export-onnx"
-FAMILIES = ("vaswani_transformer", "rnnsearch", "rnnencdec")  # seq2seq_lstm: refused (see the bad-input test)
+FAMILIES = ("vaswani_transformer", "rnnsearch", "rnnencdec", "seq2seq_lstm")
 ATTENTION = ("vaswani_transformer", "rnnsearch")
 MAX_LEN = 200  # fairseq-generate's default --max-len-b
 
@@ -187,7 +187,6 @@ def test_bad_input_is_one_line_and_writes_nothing(generation_models, folders, tm
     before = sorted(os.listdir(tmp_path))
     _refused([generation_models["builtin_transformer"], tmp_path / "out"], "architecture 'transformer'", capsys)
     _refused([garbage, tmp_path / "out"], str(garbage), capsys)
-    _refused([generation_models["seq2seq_lstm"], tmp_path / "out"], "seq2seq_lstm is not exported to ONNX yet", capsys)
     _refused([generation_models["rnnsearch"], existing], "exists; pass --force", capsys)
     _refused([generation_models["rnnsearch"], existing, "--force"], "not a fairseq-plugins-export-onnx folder", capsys)
     _refused([generation_models["rnnsearch"], tmp_path / "out", "--bpe-codes", tmp_path / "none.codes"],

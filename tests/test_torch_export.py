@@ -115,14 +115,21 @@ def test_exported_transformer_encoder_equals_eager():
         assert torch.equal(padding_mask, src.eq(DICT.pad()))
 
 
-def test_lstm_final_state_by_scan_equals_packed_lstm():
-    """The scan that replaces packing under torch.export, run eagerly, against nn.LSTM packed."""
+def test_lstm_encoder_generation_scan_equals_nn_lstm_on_each_sentence_alone():
+    """Generation's scan over the cells (what torch.export traces), on a padded batch, against
+    nn.LSTM run on each sentence's real tokens alone, and against training's packed path."""
     encoder = build("seq2seq_lstm_tiny").encoder
     x = torch.randn(3, 7, 32)
     padding = batch((7, 2, 5), 6).eq(DICT.pad())
+    packed = encoder.final_state(x, padding)  # autograd on: nn.LSTM, packed
     with torch.no_grad():
-        for by_scan, packed in zip(encoder.final_state_by_scan(x, padding), encoder.final_state(x, padding)):
-            close(by_scan, packed)
+        h_n, c_n = encoder.final_state(x, padding)
+        for b in range(3):
+            _, (h_alone, c_alone) = encoder.rnn(x[b:b + 1][~padding[b:b + 1]].unsqueeze(0))
+            close(h_n[:, b], h_alone[:, 0])
+            close(c_n[:, b], c_alone[:, 0])
+    close(h_n, packed[0].detach())
+    close(c_n, packed[1].detach())
 
 
 @pytest.mark.parametrize("arch", ["rnnsearch_tiny", "rnnencdec_tiny", "seq2seq_lstm_tiny"])

@@ -36,10 +36,7 @@ from fairseq_plugins.errors import CheckpointError, ConfigError
 from fairseq_plugins.export import onnx_web
 from fairseq_plugins.export.common import build_model, check_output, read_checkpoint, staged_folder
 
-FAMILIES = ("vaswani_transformer", "rnnsearch", "rnnencdec")
-# torch 2.13's ONNX exporter fails to decompose the LSTM encoder's scan over torch.lstm_cell
-# ("'SymInt' object has no attribute 'unsqueeze'"), so the family is refused before anything is written
-NOT_YET = {"seq2seq_lstm": "torch.onnx.export cannot convert its encoder (a scan over torch.lstm_cell) in torch 2.13"}
+FAMILIES = ("vaswani_transformer", "rnnsearch", "rnnencdec", "seq2seq_lstm")
 QUANTIZATIONS = ("int8",)
 SUBWORD_FILES = {"subword_nmt": "bpe.codes", "sentencepiece": "sentencepiece.model"}
 
@@ -53,8 +50,6 @@ def _architecture(state: dict, checkpoint: str):
         cfg = Namespace(**OmegaConf.to_container(OmegaConf.create(cfg), resolve=True))
     arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None)
     family = ARCH_MODEL_NAME_REGISTRY.get(arch)
-    if family in NOT_YET:
-        raise ConfigError(f"{checkpoint}: {family} is not exported to ONNX yet: {NOT_YET[family]}")
     if family not in FAMILIES:
         raise CheckpointError(f"{checkpoint}: architecture {arch!r} (model {family!r}) is not exported to ONNX; "
                               f"only {', '.join(FAMILIES)} are")
@@ -92,8 +87,9 @@ def write_graphs(model, out_dir: str) -> dict:
     for program, path, inputs, outputs in (
             (encoder, "encoder.onnx", ["src_tokens"], names),
             (step, "decoder_step.onnx", ["prev_token", *names], step_outputs)):
-        torch.onnx.export(program, (), os.path.join(out_dir, path), dynamo=True, input_names=inputs,
-                          output_names=outputs, external_data=False, verbose=False)
+        with torch.no_grad():  # with autograd on, decomposing the LSTM encoder's scan fails in torch 2.13
+            torch.onnx.export(program, (), os.path.join(out_dir, path), dynamo=True, input_names=inputs,
+                              output_names=outputs, external_data=False, verbose=False)
     return {"state": names, "attention": attention}
 
 

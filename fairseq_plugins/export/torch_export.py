@@ -11,9 +11,8 @@ last, the step's attention over the source [B, S] as ``extra["attn"]`` gives it:
 the Transformer's alignment layer averaged over heads; the families without attention return
 none), so any search (greedy, beam: reorder the
 state rows with ``index_select``) runs outside. Batch and source length are dynamic
-(``torch.export.Dim``). The recurrent encoders run as one ``scan`` over time when exported
-(the eager code's Python loop and packed sequences cannot be traced for an unknown length);
-each step is the eager model's own code.
+(``torch.export.Dim``). Both programs are the eager models' own code: the recurrent encoders
+run as one ``scan`` over time whenever autograd is off (``modules/recurrence.py``).
 
 The state is the decoder's :class:`~fairseq_plugins.modules.beam_cache.BeamCache` flattened
 into tensors, in the order :func:`state_names` gives: ``rnnsearch`` ``s``, ``h``, ``U_a_h``,

@@ -15,13 +15,14 @@ from fairseq.models import (
 )
 from fairseq.modules import FairseqDropout
 from torch import Tensor
-from torch._higher_order_ops.scan import scan
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models._initialisation import log_initialisation
 from fairseq_plugins.models.rnn_common import EncoderOut, check_positive
 from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, reorder_encoder_out
+from fairseq_plugins.modules.lstm import stacked_lstm_step
+from fairseq_plugins.modules.recurrence import scan_over_time
 
 
 def reverse_source_tokens(src_tokens: Tensor, pad: int, eos: int) -> Tensor:
@@ -64,11 +65,12 @@ class LSTMEncoder(FairseqEncoder):
         return {"encoder_h": [h_n.transpose(0, 1)], "encoder_c": [c_n.transpose(0, 1)]}
 
     def final_state(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
-        """Run the LSTM over the real tokens of each sentence only.
+        """Run the LSTM over the real tokens of each sentence only, so that a sentence's final
+        state does not depend on its batch or on the padding side (fairseq left-pads sources).
 
-        Padding may be on either side (fairseq left-pads sources): the real tokens are moved to
-        the front and packed, so a sentence's final state does not depend on its batch.
-        ``torch.export`` cannot trace packed sequences: it runs :meth:`final_state_by_scan`.
+        Training runs ``nn.LSTM`` packed, fused and with its dropout; generation and
+        ``torch.export`` run one ``scan`` over time of the layers' cells on the same weights, the
+        state kept unchanged over padding.
 
         Args:
             x: (bsz, len, C); padding_mask: (bsz, len), True at padding.
@@ -76,12 +78,12 @@ class LSTMEncoder(FairseqEncoder):
         Returns:
             the final state ``(h_n, c_n)``, each (layers, bsz, H).
         """
-        if not torch.jit.is_scripting():
-            if torch.compiler.is_exporting():
-                return self.final_state_by_scan(x, padding_mask)
+        if not torch.jit.is_scripting():  # TorchScript cannot compile scan: it keeps packing
+            if not torch.is_grad_enabled() and not self.rnn.training:
+                return self._final_state_by_scan(x, padding_mask)
         lengths = (~padding_mask).sum(dim=1)  # (bsz,)
         positions = torch.arange(x.size(1), device=x.device)
-        # real tokens first, in order: distinct sort keys, so no stable sort is needed (ONNX has none)
+        # real tokens first, in order: distinct sort keys, so no stable sort is needed
         front = (padding_mask.long() * x.size(1) + positions).argsort(dim=1)
         x_front = x.gather(1, front.unsqueeze(2).expand_as(x))
         packed = pack_padded_sequence(x_front, lengths.cpu(), batch_first=True, enforce_sorted=False)
@@ -89,25 +91,11 @@ class LSTMEncoder(FairseqEncoder):
         return final
 
     @torch.jit.unused
-    def final_state_by_scan(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
-        """:meth:`final_state` by one ``scan`` over time of ``torch.lstm_cell`` on the LSTM's own
-        weights, each layer's (h, c) kept unchanged over padding (eval mode: no dropout)."""
+    def _final_state_by_scan(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
         rnn = self.rnn
-        layers = [[getattr(rnn, f"{name}_l{k}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
-                  for k in range(rnn.num_layers)]
         state = x.new_zeros(2, rnn.num_layers, x.size(0), rnn.hidden_size)  # (h, c) per layer
-
-        def step(state, inputs):
-            x_t, pad_t = inputs  # (bsz, C), (bsz, 1)
-            new = []
-            for k, weights in enumerate(layers):
-                h, c = torch.lstm_cell(x_t, (state[0, k], state[1, k]), *weights)
-                new.append(torch.stack([h, c]))
-                x_t = h
-            new_state = torch.where(pad_t, state, torch.stack(new, dim=1))
-            return new_state, new_state[0, -1].clone()
-
-        final, _ = scan(step, state, (x.transpose(0, 1), padding_mask.t().unsqueeze(2)))
+        weights = [w for layer in rnn.all_weights for w in layer]
+        final, _ = scan_over_time(stacked_lstm_step, state, [x.transpose(0, 1), padding_mask.t().unsqueeze(2)], weights)
         return final[0], final[1]
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:

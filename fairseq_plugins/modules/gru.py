@@ -19,7 +19,8 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 from torch import Tensor
-from torch._higher_order_ops.scan import scan
+
+from fairseq_plugins.modules.recurrence import scan_over_time
 
 
 def update_reset_gates(x: Tensor, U_zr_h: Tensor) -> Tuple[Tensor, Tensor]:
@@ -35,22 +36,25 @@ def candidate(x: Tensor, U_rh: Tensor) -> Tensor:
     return torch.tanh(x[..., 2 * U_rh.size(-1):] + U_rh)
 
 
-def _carry_and_output(h: Tensor) -> Tuple[Tensor, Tensor]:
-    """A scan step's new carry and its per-step output, which must not alias each other."""
-    return h, h.clone()
+def gru_step(h: Tensor, Wx_j: Tensor, keep_j: Tensor, U_zr: Tensor, U: Tensor) -> Tuple[Tensor, Tensor]:
+    """One step of every direction: h_j from h_{j-1} (D, bsz, n), W x_j (D, bsz, 3n), keep_j
+    (D, bsz, 1; 0 at padding) and the recurrent weights U_zr (D, 2n, n), U (D, n, n). Returns h_j
+    twice, as a scan step's carry and output. A function of its inputs only: ``scan`` takes the
+    weights as inputs, so that autograd and ``torch.export`` see them."""
+    z, r = update_reset_gates(Wx_j, torch.bmm(h, U_zr.transpose(1, 2)))
+    h_tilde = candidate(Wx_j, torch.bmm(r * h, U.transpose(1, 2)))
+    h = h + (keep_j * z) * (h_tilde - h)  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j; padding keeps h_{j-1}
+    return h, h
 
 
 class BatchedLinear(nn.Module):
-    """One weight (out × in) per direction, applied to (directions, bsz, in) with one bmm."""
+    """One weight (out × in) per direction; :func:`gru_step` applies all of them with one bmm."""
 
     def __init__(self, directions: int, in_features: int, out_features: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(directions, out_features, in_features))
         for w in self.weight:
             nn.init.kaiming_uniform_(w, a=5 ** 0.5)  # nn.Linear's default
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.bmm(x, self.weight.transpose(1, 2))
 
 
 class GRU(nn.Module):
@@ -71,15 +75,14 @@ class GRU(nn.Module):
 
     def step(self, h: Tensor, Wx_j: Tensor, keep_j: Tensor) -> Tensor:
         """h_j from h_{j-1} (D, bsz, n), W x_j (D, bsz, 3n) and keep_j (D, bsz, 1): 0 at padding."""
-        z, r = update_reset_gates(Wx_j, self.U_zr(h))
-        h_tilde = candidate(Wx_j, self.U(r * h))
-        return h + (keep_j * z) * (h_tilde - h)  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j; padding keeps h_{j-1}
+        return gru_step(h, Wx_j, keep_j, self.U_zr.weight, self.U.weight)[0]
 
     def _recur(self, Wx: Tensor, keep: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
-        if not torch.jit.is_scripting():
-            if torch.compiler.is_exporting():
+        """The final h (D, bsz, n) and every h_j (len, D, bsz, n)."""
+        if not torch.jit.is_scripting():  # TorchScript cannot compile scan: it keeps the loop
+            if not torch.is_grad_enabled():  # generation and torch.export: one scan
                 return self._scan(Wx, keep, h)
-        states = []
+        states = []  # training: scan's own backward is several times slower than this loop's
         # unbind, not Wx[j]: each indexing's backward would allocate a zero tensor of the whole sequence
         for Wx_j, keep_j in zip(Wx.unbind(0), keep.unbind(0)):
             h = self.step(h, Wx_j, keep_j)
@@ -88,8 +91,7 @@ class GRU(nn.Module):
 
     @torch.jit.unused
     def _scan(self, Wx: Tensor, keep: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
-        """The same recurrence as one ``scan``: torch.export traces it for a length it does not know."""
-        return scan(lambda h, xs: _carry_and_output(self.step(h, xs[0], xs[1])), h, (Wx, keep))
+        return scan_over_time(gru_step, h, [Wx, keep], [self.U_zr.weight, self.U.weight])
 
     def forward(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
         """
