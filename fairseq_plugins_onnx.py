@@ -46,6 +46,17 @@ def read_config(folder: str) -> dict:
         return json.load(f)
 
 
+def top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of each row's ``k`` largest values, largest first, ties in index order:
+    ``np.argsort(-x, axis=1, kind="stable")[:, :k]`` in linear time (a partition finds each row's
+    k-th value, and only the values not below it are sorted)."""
+    kth = -np.partition(-x, k - 1, axis=1)[:, k - 1:k]
+    rows, cols = np.nonzero(x >= kth)  # each row's k best, and any ties with the k-th
+    order = np.lexsort((cols, -x[rows, cols], rows))  # by row, then value descending, then index
+    rows, cols = rows[order], cols[order]
+    return cols[np.searchsorted(rows, np.arange(x.shape[0]))[:, None] + np.arange(k)]
+
+
 class Translator:
     """The folder's two ONNX Runtime sessions and its vocabularies; :meth:`translate` runs beam search."""
 
@@ -57,6 +68,10 @@ class Translator:
             ort.InferenceSession(os.path.join(folder, name), options, providers=["CPUExecutionProvider"])
             for name in ("encoder.onnx", "decoder_step.onnx"))
         self.names = self.config["state"]
+        # per-sentence state (encoder outputs) the step reads but does not return: the same in
+        # every beam row of a sentence, so it only follows the sentences that stay in the batch
+        self.constant = set(self.config.get("constant_state", []))
+        self.carried = [name for name in self.names if name not in self.constant]
         self.source_vocabulary, self.target_vocabulary = (
             self._vocabulary(self.config["vocabularies"][side]) for side in ("source", "target"))
         self.source_index = {symbol: i for i, symbol in reversed(list(enumerate(self.source_vocabulary)))}
@@ -100,14 +115,16 @@ class Translator:
         return Hypothesis([self.target_vocabulary[i] for i in h["ids"][:-1]], h["ids"], h["score"],
                           h["positional_scores"], attention)
 
-    def _run_step(self, prev: np.ndarray, state: List[np.ndarray]):
-        outputs = self.step.run(None, {"prev_token": prev, **dict(zip(self.names, state))})
-        n = len(self.names)
-        return outputs[0], outputs[1:1 + n], outputs[1 + n] if self.has_attention else None
+    def _run_step(self, prev: np.ndarray, state: dict):
+        """(log-probabilities, the new state, the attention row or None); ``state``: name -> tensor."""
+        outputs = self.step.run(None, {"prev_token": prev, **state})
+        n = len(self.carried)
+        state = {**state, **dict(zip(self.carried, outputs[1:1 + n]))}
+        return outputs[0], state, outputs[1 + n] if self.has_attention else None
 
     def _beam_search(self, src: np.ndarray, beam: int, lenpen: float, max_len: int) -> List[List[dict]]:
         bsz, src_len = src.shape
-        state = [np.repeat(s, beam, axis=0) for s in self.encoder.run(None, {"src_tokens": src})]
+        state = dict(zip(self.names, (np.repeat(s, beam, axis=0) for s in self.encoder.run(None, {"src_tokens": src}))))
         tokens = np.full((bsz * beam, max_len + 2), self.pad, dtype=np.int64)
         tokens[:, 0] = self.eos
         scores = np.zeros((bsz * beam, max_len + 1), dtype=np.float32)
@@ -117,10 +134,11 @@ class Translator:
         sentences = np.arange(bsz)  # the sentence of each row group still in the batch
         cands_to_ignore = np.zeros((bsz, beam), dtype=bool)
         cand_size = 2 * beam
-        reorder = None
+        reorder = kept_rows = None
         for step in range(max_len + 1):
             if reorder is not None:
-                state = [s[reorder] for s in state]
+                state = {name: s[reorder] if name in self.carried else s if kept_rows is None else s[kept_rows]
+                         for name, s in state.items()}
             lprobs, state, step_attn = self._run_step(tokens[:, step:step + 1], state)
             lprobs = np.where(np.isnan(lprobs), -np.inf, lprobs).astype(np.float32)
             lprobs[:, self.pad] = -np.inf
@@ -139,7 +157,7 @@ class Translator:
                 candidates = candidates + scores.reshape(bsz, beam, -1)[:, :, step - 1][:, :, None]
             flat = candidates.reshape(bsz, -1)
             k = min(cand_size, flat.shape[1] - 1)  # -1: never <pad>
-            top = np.argsort(-flat, axis=1, kind="stable")[:, :k]
+            top = top_k(flat, k)
             cand_scores = np.take_along_axis(flat, top, axis=1)
             cand_beams, cand_indices = top // vocab, top % vocab
             offsets = (np.arange(bsz) * beam)[:, None]
@@ -154,7 +172,7 @@ class Translator:
                                            max_len)
             if all(finished):
                 break
-            kept = None
+            kept = kept_rows = None
             if done_rows:  # finished sentences leave the batch
                 kept = np.array([r for r in range(bsz) if r not in set(done_rows)])
                 bsz = len(kept)
@@ -162,9 +180,9 @@ class Translator:
                 cand_scores, cand_indices = cand_scores[kept], cand_indices[kept]
                 cand_bbsz_idx = cand_beams + (np.arange(bsz) * beam)[:, None]
                 cands_to_ignore, sentences = cands_to_ignore[kept], sentences[kept]
-                rows = (kept[:, None] * beam + np.arange(beam)).reshape(-1)
-                tokens, scores = tokens[rows], scores[rows]
-                attn = attn[rows] if attn is not None else None
+                kept_rows = (kept[:, None] * beam + np.arange(beam)).reshape(-1)
+                tokens, scores = tokens[kept_rows], scores[kept_rows]
+                attn = attn[kept_rows] if attn is not None else None
             eos_mask[:, :beam] = cands_to_ignore | eos_mask[:, :beam]
             active_mask = eos_mask * cand_size + np.arange(eos_mask.shape[1])
             active_hypos = np.argsort(active_mask, axis=1, kind="stable")[:, :beam]

@@ -24,7 +24,7 @@ from sacrebleu.metrics import BLEU
 from fairseq_plugins.cli import export_onnx
 from fairseq_plugins.data.synthetic_corpus import preprocess_args
 from fairseq_plugins.export.common import build_model, read_checkpoint
-from fairseq_plugins_onnx import Translator
+from fairseq_plugins_onnx import Translator, top_k
 from helpers import ONE_THREAD, USER_DIR, in_parallel, make_corpus, run
 
 pytestmark = pytest.mark.slow
@@ -84,6 +84,17 @@ def _left_padded(rows, pad):
     return out
 
 
+def test_top_k_is_the_stable_argsorts_first_k():
+    """The runtime's linear-time candidates against a full stable sort, on rows full of ties, of
+    -inf, and with fewer finite values than k."""
+    rng = np.random.default_rng(0)
+    for shape, k in (((6, 40), 8), ((3, 9), 8), ((4, 1000), 1), ((2, 8), 8)):
+        x = rng.integers(-3, 3, size=shape).astype(np.float32)
+        x[0] = -np.inf
+        x[1, 3:] = -np.inf
+        np.testing.assert_array_equal(top_k(x, k), np.argsort(-x, axis=1, kind="stable")[:, :k])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_log_probs_equal_the_fairseq_models(family, folders, generation_models, test100, data_bin):
     """Teacher-forced references, one token at a time through decoder_step.onnx's state, in a batch
@@ -105,7 +116,8 @@ def test_log_probs_equal_the_fairseq_models(family, folders, generation_models, 
             expected.append(model.get_normalized_probs(out, log_probs=True)[0].numpy())
     translator = Translator(folders[family])
     for group in ([0, 1, 2, 3, 4, 5, 6, 7], [5, 0, 3], [7, 2, 6, 1, 4], [6]):
-        state = translator.encoder.run(None, {"src_tokens": _left_padded([src[i] for i in group], src_dict.pad())})
+        state = dict(zip(translator.names, translator.encoder.run(
+            None, {"src_tokens": _left_padded([src[i] for i in group], src_dict.pad())})))
         steps = max(len(tgt[i]) for i in group)
         for t in range(steps):
             prev = np.array([[tgt_dict.eos() if t == 0 else tgt[i][min(t, len(tgt[i])) - 1]] for i in group])

@@ -139,6 +139,8 @@ class Translator {
   async beamSearch(ids, beam) {
     const { eos, pad } = this.config.special;
     const names = this.config.state;
+    // the encoder's state: read by every step, returned by none, the same in every beam row
+    const constant = new Set(this.config.constant_state || []);
     const lenpen = this.config.lenpen;
     const maxLen = Math.min(this.config.max_len_b, this.config.max_target_positions - 1);
     const src = new ort.Tensor("int64", BigInt64Array.from(ids.map(BigInt)), [1, ids.length]);
@@ -153,7 +155,7 @@ class Translator {
       const feeds = { prev_token: new ort.Tensor("int64", BigInt64Array.from(prev), [beam, 1]) };
       names.forEach((name, k) => { feeds[name] = state[k]; });
       const out = await this.step.run(feeds);
-      state = names.map((name) => out[`next.${name}`]);
+      state = names.map((name, k) => (constant.has(name) ? state[k] : out[`next.${name}`]));
       const lprobs = out.log_probs.data;
       const vocab = out.log_probs.dims[1];
       const attention = this.config.attention ? out.attention.data : null;
@@ -207,7 +209,7 @@ class Translator {
           attention: attention ? [...h.attention.slice(0, step), rowAttention(c.beam)] : [],
         };
       });
-      state = state.map((tensor) => takeRows(tensor, order));
+      state = state.map((tensor, k) => (constant.has(names[k]) ? tensor : takeRows(tensor, order)));
     }
     return finalized.sort((x, y) => y.score - x.score);
   }

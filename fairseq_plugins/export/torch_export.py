@@ -119,8 +119,10 @@ def _attention(extra, wanted: bool) -> Tuple[Tensor, ...]:
     return (attn[:, -1].float(),) if attn is not None else ()
 
 
-def _layout(model) -> Dict[str, str]:
-    """State name -> kind (rows, sentences, entries), in the programs' order."""
+def state_kinds(model) -> Dict[str, str]:
+    """State name -> its BeamCache kind, in the programs' order: ``rows`` (one per hypothesis,
+    changed by every step), ``sentences`` (the encoder's, the step returns them unchanged) or
+    ``entries`` (self-attention keys/values, one more per step)."""
     if not isinstance(model.decoder, BeamCacheDecoder):
         raise ConfigError(f"{type(model.decoder).__name__}: no step-wise export for this decoder "
                           f"(it keeps no BeamCache)")
@@ -130,7 +132,7 @@ def _layout(model) -> Dict[str, str]:
 
 def state_names(model) -> List[str]:
     """Names of the state tensors, in the order the programs take and return them."""
-    return list(_layout(model))
+    return list(state_kinds(model))
 
 
 def _example_state(model, kinds, lengths, steps):
@@ -159,7 +161,7 @@ def export_model(model, attention: bool = False) -> Tuple[ExportedProgram, Expor
     """The encoder and decoder-step programs of a model of any family (put in eval mode); with
     ``attention`` the step also returns its attention row (see the module's doc)."""
     model.eval()
-    kinds = _layout(model)
+    kinds = state_kinds(model)
     # the Transformer's position tables bound its lengths (the step's position is t + 1)
     bounded = isinstance(model.decoder, VaswaniTransformerDecoder)
     dims = {"batch": Dim("batch", min=1),
