@@ -110,6 +110,15 @@ def run(args, measure=measure_checkpoint, engine: str = "CTranslate2") -> str:
     start = time.time()
     with tempfile.TemporaryDirectory() as work_dir:
         rows = [row for checkpoint in args.checkpoints for row in measure(checkpoint, args, work_dir)]
+    lines = [f"# fairseq-generate vs {engine} (beam {args.beam}, max length {args.max_len}, "
+             f"batches of {args.batch_size})", ""]
+    lines += describe_run(args, time.time() - start) + ["", engine_table(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def engine_table(rows: List[Dict]) -> str:
+    """The markdown table of :func:`time_engines`'s rows, each engine against fairseq's row of the
+    same model and threads."""
     table = []
     for row in rows:
         fairseq = next(r for r in rows if r["checkpoint"] == row["checkpoint"] and r["threads"] == row["threads"]
@@ -121,10 +130,6 @@ def run(args, measure=measure_checkpoint, engine: str = "CTranslate2") -> str:
             cells += [f"{speed:.1f}", " / ".join(f"{s:.1f}" for s in row[key]),
                       f"{speed / statistics.median(fairseq[key]):.2f}×"]
         table.append(cells + [f"{row['bleu']:.2f}", row["identical"]])
-    lines = [f"# fairseq-generate vs {engine} (beam {args.beam}, max length {args.max_len}, "
-             f"batches of {args.batch_size})", ""]
-    lines += describe_run(args, time.time() - start) + [""]
-    lines.append(markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat", "vs fairseq",
-                                 "sentences per CPU-second (median)", "per repeat", "vs fairseq", "BLEU",
-                                 "hypotheses = fairseq's"], table))
-    return "\n".join(lines) + "\n"
+    return markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat", "vs fairseq",
+                           "sentences per CPU-second (median)", "per repeat", "vs fairseq", "BLEU",
+                           "hypotheses = fairseq's"], table)

@@ -135,8 +135,9 @@ def measure_training(job) -> dict:
             "flops_per_token": flops_per_token, **_memory(device)}
 
 
-def _generation_model(job, task):
-    """The trained weights of job["weights"]; converted to vaswani_transformer if asked."""
+def generation_model(job, task):
+    """(model, its options) of the trained weights of job["weights"]; converted to
+    vaswani_transformer if asked."""
     model_args = convert_namespace_to_omegaconf(
         options.parse_args_and_arch(options.get_training_parser(), job["train_argv"])).model
     state = torch.load(job["weights"], weights_only=True)
@@ -147,7 +148,7 @@ def _generation_model(job, task):
         state = convert_state_dict(state, model_args)
     model = task.build_model(model_args)
     model.load_state_dict(state, strict=True)
-    return model
+    return model, model_args
 
 
 def measure_generation(job) -> dict:
@@ -159,7 +160,7 @@ def measure_generation(job) -> dict:
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     task.load_dataset(cfg.dataset.gen_subset)
-    model = _generation_model(job, task)
+    model, _ = generation_model(job, task)
     if cfg.common.fp16:
         model.half()
     model.to(device)

@@ -26,6 +26,7 @@ TARGETS = {
     ("rnnsearch", "generate hypothesis tokens/s"): (1.3, "min"),
     ("rnnsearch", "train peak RSS (MiB)"): (1.0, "max"),
 }
+ONNX_TARGETS = {"onnx float32": 1.5, "onnx int8": 2.5}  # rnnsearch, sentences per CPU-second
 PAIR_LABELS = {"transformer": ("vaswani_transformer", "transformer"), "rnnsearch": ("rnnsearch", "lstm")}
 
 
@@ -51,7 +52,7 @@ def _hypotheses_row(pair: str, table) -> List[str]:
     return [pair, "hypotheses identical", f"{identical} ({same}/{len(ours)})", note, "", ""]
 
 
-def format_report(args, preset, precision, machine, table, counts, seconds) -> str:
+def format_report(args, preset, precision, machine, table, counts, seconds, onnx_rows=()) -> str:
     ceiling = machine["ceilings"][precision]
     max_len_a, max_len_b = length_limits(args)
     rows = []
@@ -107,6 +108,22 @@ def format_report(args, preset, precision, machine, table, counts, seconds) -> s
         *details,
         "",
     ]
+    if onnx_rows:
+        from fairseq_plugins.benchmarks.ctranslate2 import engine_table
+
+        report += [
+            "## ONNX Runtime (`--onnx`)",
+            "",
+            f"The suite's model of each pair (the Transformer: the built-in's weights converted) exported by "
+            f"fairseq-plugins-export-onnx and decoded by its runtime, against fairseq-generate on the whole test "
+            f"split: beam {args.beam}, lengths 1 to {onnx_rows[0]['max_len']}, batches of {args.gen_batch}, "
+            f"{args.repeats} repeats interleaved (medians). Targets for rnnsearch at the cpu preset: float32 "
+            f"≥ {ONNX_TARGETS['onnx float32']:.1f}× and int8 ≥ {ONNX_TARGETS['onnx int8']:.1f}× fairseq-generate "
+            "per CPU-second.",
+            "",
+            *engine_table(onnx_rows).splitlines(),
+            "",
+        ]
     return "\n".join(report)
 
 

@@ -2,7 +2,7 @@
 
     fairseq-plugins-benchmark [--data DIR] [--preset tiny|cpu|base|big] [--device cpu|cuda]
                               [--fp16 | --bf16] [--beam 4] [--max-len L] [--repeats 3]
-                              [--budget-minutes M] [--out FILE]
+                              [--budget-minutes M] [--onnx] [--out FILE]
 
 What is measured and how: :mod:`fairseq_plugins.benchmarks`.
 """
@@ -57,6 +57,11 @@ def get_parser() -> ArgumentParser:
     parser.add_argument("--budget-minutes", type=float,
                         help="bound on the whole run; fewer updates/sentences when they would not fit "
                              "(default: per preset, 7 for base/big)")
+    parser.add_argument("--onnx", action="store_true",
+                        help="also export the suite's trained model of each pair with fairseq-plugins-export-onnx "
+                             "(float32 and int8) and time ONNX Runtime against fairseq-generate on the whole test "
+                             "split (beam --beam, lengths 1 to --max-len or 200, batches of --gen-batch); needs "
+                             "the [onnx] extra; not bounded by --budget-minutes")
     parser.add_argument("--out", help="also write the markdown report to this file")
     return parser
 
@@ -86,6 +91,14 @@ def check_args(args):
                           "hypothesis length, leave --min-len out")
     if args.min_len is None:
         args.min_len = args.max_len or (1 if args.data else preset["corpus"][3])
+    if args.onnx:
+        try:
+            import onnxruntime  # noqa: F401
+            import onnxscript  # noqa: F401
+        except ImportError as e:
+            raise ConfigError(f"--onnx: {e.name} is not installed; pip install 'fairseq-plugins[onnx]'") from None
+        if args.device != "cpu" or args.fp16 or args.bf16:
+            raise ConfigError("--onnx: the ONNX rows run on CPU in float32; leave out --device cuda, --fp16 and --bf16")
     return args
 
 
