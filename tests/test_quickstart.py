@@ -1,6 +1,7 @@
 """README command #1 on a tiny budget: it runs end to end (two trainings at a time), prints its
 table and BLEU by source length, skips done steps, says when a model stopped on its time limit,
 and averages only the end of the training done."""
+import importlib.util
 import os
 import sys
 
@@ -68,3 +69,18 @@ def test_averaging_window_keeps_to_the_end_of_the_training_done(tmp_path):
     assert chosen(40) == []  # no checkpoint in the window: the caller scores checkpoint_last.pt
     assert [p.rsplit("_", 1)[1] for p in averaging_window(str(tmp_path), 5, 300, 1.0)] == [
         "100.pt", "150.pt", "200.pt", "250.pt", "300.pt"]  # fraction 1: nothing after the updates done
+
+
+def test_a_family_below_its_bleu_floor_fails_the_quickstart():
+    """README command 1 exits 1 naming a family that did not learn on its whole budget; a run with
+    another --max-update, or one stopped on its time limit, is not held to the floors."""
+    spec = importlib.util.spec_from_file_location("quickstart", f"{REPO}/scripts/quickstart.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    assert set(quickstart.FLOORS) == set(quickstart.FAMILIES)
+    learned = {"model": "rnnencdec_tiny", "bleu": "15.9", "updates": 2000}
+    flat = {**learned, "bleu": "0.4"}
+    assert quickstart.not_learned([learned], None) == []
+    [line] = quickstart.not_learned([learned, flat], None)
+    assert line.startswith("rnnencdec_tiny: BLEU 0.4 after 2,000 updates, below the 8") and "did not learn" in line
+    assert quickstart.not_learned([flat], 50) == [] == quickstart.not_learned([{**flat, "stopped_on_time": True}], None)
