@@ -147,3 +147,31 @@ def test_this_suite_uses_the_skip_policy(request):
     assert skip_policy.pytest_runtest_makereport in hooks
     hooks = {impl.function for impl in request.config.pluginmanager.hook.pytest_make_collect_report.get_hookimpls()}
     assert skip_policy.pytest_make_collect_report in hooks
+
+
+@pytest.mark.slow
+def test_export_hf_works_beside_a_torchaudio_that_cannot_load(generation_models, tmp_path):
+    """A venv made by plain pip holds a torchaudio that does not load beside torch's CPU build; a
+    stand-in that fails as it does (OSError at import) breaks transformers the same way, yet the
+    installed fairseq-plugins-export-hf exports, and a user's script with the guard imports the
+    pipeline."""
+    site = tmp_path / "site"
+    (site / "torchaudio").mkdir(parents=True)
+    (site / "torchaudio" / "__init__.py").write_text(
+        'raise OSError("Could not load this library: .../torchaudio/lib/_torchaudio.so (a stand-in)")\n')
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def python(code):
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+
+    broken = python("from transformers import pipeline")
+    assert broken.returncode != 0 and "_torchaudio.so" in broken.stderr  # the stand-in reproduces the failure
+    export = os.path.join(os.path.dirname(sys.executable), "fairseq-plugins-export-hf")
+    proc = subprocess.run([export, generation_models["vaswani_transformer"], str(tmp_path / "hf")], env=env,
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0 and (tmp_path / "hf" / "config.json").is_file(), proc.stderr[-2000:]
+    guarded = python("from fairseq_plugins.torchaudio_guard import hide_unloadable_torchaudio\n"
+                     "hide_unloadable_torchaudio()\n"
+                     "from transformers import pipeline\n"
+                     f"print(pipeline('translation', model={str(tmp_path / 'hf')!r}, trust_remote_code=True)(['4 5 6'])[0]['translation_text'] != None)")
+    assert guarded.returncode == 0 and guarded.stdout.strip().endswith("True"), guarded.stderr[-2000:]
