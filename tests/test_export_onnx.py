@@ -95,6 +95,19 @@ def test_top_k_is_the_stable_argsorts_first_k():
         np.testing.assert_array_equal(top_k(x, k), np.argsort(-x, axis=1, kind="stable")[:, :k])
 
 
+def test_the_step_graph_leaves_out_the_encoders_state_and_vector_matmuls(folders):
+    """What the runtime's speed rests on (docs/ONNX.md): RNNsearch's step returns only the decoder
+    state ``s`` (not the annotations it reads) and has no MatMul by a 1-D weight (v_a)."""
+    import onnx
+
+    graph = onnx.load(os.path.join(folders["rnnsearch"], "decoder_step.onnx")).graph
+    assert [o.name for o in graph.output] == ["log_probs", "next.s", "attention"]
+    vectors = {i.name for i in graph.initializer if len(i.dims) == 1}
+    matmuls = [n for n in graph.node if n.op_type == "MatMul"]
+    assert matmuls and not any(n.input[1] in vectors for n in matmuls)
+    assert any(n.input[1].endswith(".column") for n in matmuls)  # v_a, as an (n', 1) matrix
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_log_probs_equal_the_fairseq_models(family, folders, generation_models, test100, data_bin):
     """Teacher-forced references, one token at a time through decoder_step.onnx's state, in a batch
