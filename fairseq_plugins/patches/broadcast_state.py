@@ -13,6 +13,7 @@ marker, the receiver loads the bytes weights-only with the checkpoint allowlist 
 two data classes, and rebuilds the ``DictConfig`` as fairseq's loader makes it.
 """
 import dataclasses
+import inspect
 
 from fairseq.distributed import utils as distributed_utils
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +22,7 @@ from fairseq_plugins.errors import CheckpointError
 from fairseq_plugins.patches._mechanism import Patch, Target
 from fairseq_plugins.patches._weights_only import TORCH_LOAD, allowing, weights_only_torch_load
 
+_HAS_FLAGS = "flags" in inspect.signature(OmegaConf.create).parameters
 BROADCAST = Target(distributed_utils, "_broadcast_object_slow", "obj, src_rank, group, dist_device")
 
 
@@ -45,8 +47,11 @@ def _plain(obj):
 
 
 def _restored(obj):
-    # as load_checkpoint_to_cpu makes it
-    return OmegaConf.create(obj.container, flags={"allow_objects": True}) if isinstance(obj, Config) else obj
+    """As load_checkpoint_to_cpu makes it: with ``allow_objects`` where omegaconf has flags (>= 2.1);
+    omegaconf 2.0 (beside fairseq 0.12.2) has none, and the suite's configs are plain containers."""
+    if not isinstance(obj, Config):
+        return obj
+    return OmegaConf.create(obj.container, **({"flags": {"allow_objects": True}} if _HAS_FLAGS else {}))
 
 
 def _refused(buffer, e):
