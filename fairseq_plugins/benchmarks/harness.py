@@ -152,16 +152,17 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
     onnx_rows = []
     if args.onnx:  # onnxruntime and onnxscript only then
         from fairseq_plugins.benchmarks.onnx import ONNX_MAX_LEN, measure_trained
-    for pair in pairs if args.onnx else []:
-        convert = pair == "transformer"  # ours decodes the built-in's weights converted, as above
-        job = {**base_job, "label": f"{pair}/onnx", "pair": pair, "work_dir": work_dir, "convert": convert,
-               "weights": os.path.join(work_dir, f"{pair}-{trained_by[(pair, 'ours')]}.pt"),
-               "train_argv": training_argv(args, flags[pair]["theirs" if convert else "ours"], work_dir,
-                                           device=args.device, fp16=args.fp16),
-               "onnx": {"data": args.data, "subset": "test", "threads": [args.threads or torch.get_num_threads()],
-                        "repeats": args.repeats, "beam": args.beam, "max_len": args.max_len or ONNX_MAX_LEN,
-                        "batch_size": args.gen_batch}}
-        log(f"ONNX Runtime: {pair} exported (float32, int8) and timed against fairseq-generate")
-        onnx_rows += in_fresh_process(measure_trained, job)["rows"]
+
+        settings = {"data": args.data, "subset": "test", "threads": [args.threads or torch.get_num_threads()],
+                    "repeats": args.repeats, "beam": args.beam, "max_len": args.max_len or ONNX_MAX_LEN,
+                    "batch_size": args.gen_batch}
+        for pair in pairs:
+            convert = pair == "transformer"  # ours decodes the built-in's weights converted, as above
+            job = {**base_job, "label": f"{pair}/onnx", "pair": pair, "work_dir": work_dir, "convert": convert,
+                   "weights": os.path.join(work_dir, f"{pair}-{trained_by[(pair, 'ours')]}.pt"),
+                   "train_argv": training_argv(args, flags[pair]["theirs" if convert else "ours"], work_dir,
+                                               device=args.device, fp16=args.fp16), "onnx": settings}
+            log(f"ONNX Runtime: {pair} exported (float32, int8) and timed against fairseq-generate")
+            onnx_rows += in_fresh_process(measure_trained, job)["rows"]
     report = format_report(args, preset, precision, machine, table, counts, time.time() - start, onnx_rows)
     return report
