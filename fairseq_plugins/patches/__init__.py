@@ -52,7 +52,8 @@ def install(name, skip=frozenset()):
     patch = PATCHES[name]
     if patch.installed:
         return True
-    out = [r for r in patch.requires if r in skip or not install(r, skip)]
+    # A required patch that this fairseq does not need counts as in: its behaviour is fairseq's own.
+    out = [r for r in patch.requires if r in skip or not install(r, skip) and PATCHES[r].unneeded() is None]
     if out:
         logger.warning("fairseq-plugins: patch %s left out (fairseq's own behaviour kept): it requires %s, "
                        "which is not installed", name, ", ".join(out))

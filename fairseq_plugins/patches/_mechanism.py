@@ -181,12 +181,19 @@ class Patch:
     def __repr__(self):
         return f"Patch({self.name})"
 
+    def unneeded(self):
+        """Why the installed fairseq needs no such patch, or None."""
+        if self.applies is not None and not self.applies():
+            return f"not for this fairseq ({versions()})"
+        if self.fixed_upstream is not None and self.fixed_upstream():
+            return f"the installed fairseq has this fix ({versions()})"
+        return None
+
     def why_out(self):
         """(log level, reason) the patch must stay out on this fairseq, or None."""
-        if self.applies is not None and not self.applies():
-            return logging.DEBUG, f"patch {self.name}: not for this fairseq ({versions()}); left out"
-        if self.fixed_upstream is not None and self.fixed_upstream():
-            return logging.DEBUG, f"patch {self.name}: the installed fairseq has this fix ({versions()}); left out"
+        unneeded = self.unneeded()
+        if unneeded is not None:
+            return logging.DEBUG, f"patch {self.name}: {unneeded}; left out"
         problems = [p for p in (t.problem() for t in (*self.replaces, *self.scoped)) if p]
         if problems:
             return logging.WARNING, (f"fairseq-plugins: patch {self.name} not installed, fairseq's own behaviour "

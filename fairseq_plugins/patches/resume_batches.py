@@ -14,8 +14,13 @@ Here a process that starts in epoch e > 1 builds the batches it will reuse as ep
 not, uses the same batches. The epoch's shuffling of the batch order (``seed + epoch`` in
 ``EpochBatchIterator``) is unchanged. Runs that rebuild batches each epoch
 (``--update-epoch-batch-itr True``, ``--disable-iterator-cache``, ``rebuild_batches``) were
-already exact and are left alone.
+already exact and are left alone. fairseq 0.12.2 groups with ``seed`` alone, the same in every
+process, and is left alone too.
 """
+import logging
+
+import numpy as np
+from fairseq.data import FairseqDataset
 from fairseq.tasks import FairseqTask
 
 from fairseq_plugins.patches._mechanism import Patch, Target
@@ -37,4 +42,32 @@ def get_batch_iterator(self, dataset, *args, epoch=1, **kwargs):
     return iterator
 
 
-PATCH = Patch(__name__, {GET_BATCH_ITERATOR: get_batch_iterator})
+class _Ties(FairseqDataset):
+    """Eight one-token sentences: every length ties, so the order is the seeded shuffle's."""
+
+    def __len__(self):
+        return 8
+
+    def ordered_indices(self):
+        return np.random.permutation(len(self))
+
+    def num_tokens(self, index):
+        return 1
+
+
+def groups_by_starting_epoch():
+    """Whether fairseq's batches depend on the epoch the iterator is first built in."""
+    def batches(epoch):
+        iterator = GET_BATCH_ITERATOR(FairseqTask(None), _Ties(), max_sentences=2, epoch=epoch,
+                                      disable_iterator_cache=True)
+        return [b.tolist() for b in iterator.frozen_batches]
+    log = logging.getLogger(FairseqTask.__module__)  # fairseq logs each build at INFO level
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        return batches(1) != batches(2)
+    finally:
+        log.setLevel(level)
+
+
+PATCH = Patch(__name__, {GET_BATCH_ITERATOR: get_batch_iterator}, applies=groups_by_starting_epoch)
