@@ -16,7 +16,8 @@ seconds after the signal (a long validation, a peer that died) prints one line a
 with the same status, without a new checkpoint. It is a field of fairseq's ``CheckpointConfig``
 (``cfg.checkpoint.preemption_timeout``), so it reaches the patch from ``fairseq-train``, from
 ``fairseq_cli.train.main(cfg)``, and from ``fairseq-hydra-train +checkpoint.preemption_timeout=S``
-(the ``+``: hydra composes its config before the suite is imported). The signals are armed when
+(the ``+``: hydra composes its config before the suite is imported; hydra ≥ 1.1, as 1.0 adds
+no key to a structured config). The signals are armed when
 fairseq's training loop starts (``fairseq_cli.train.train``); the run's state lives on its trainer.
 """
 import dataclasses
