@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 from argparse import Namespace
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
 from fairseq import checkpoint_utils
@@ -25,9 +25,6 @@ from sacrebleu.metrics import BLEU
 from fairseq_plugins.analysis.report import markdown_table
 from fairseq_plugins.benchmarks.report import describe_run
 from fairseq_plugins.export.ctranslate2 import export
-
-ENGINES = ("fairseq", "ctranslate2 float32", "ctranslate2 int8")
-
 
 def _test_split(task, subset: str):
     task.load_dataset(subset)
@@ -57,25 +54,37 @@ def _ctranslate2(translator, sources: List[str], args) -> List[str]:
     return [" ".join(r.hypotheses[0]) for r in results]
 
 
-def measure_checkpoint(checkpoint: str, args, work_dir: str) -> List[Dict]:
-    """Rows {checkpoint, threads, engine, sentences_per_s: [...], bleu, identical} of one model."""
+def ctranslate2_engines(checkpoint: str, args, work_dir: str, sources: List[str]) -> Dict[str, Callable]:
+    """{engine name: threads -> a call translating ``sources``}: CTranslate2 float32 and int8 exports."""
     import ctranslate2
 
+    engines = {}
+    for quantization in ("float32", "int8"):
+        path = tempfile.mkdtemp(prefix=f"ctranslate2-{quantization}-", dir=work_dir)  # one per checkpoint
+        export(checkpoint, path, None if quantization == "float32" else quantization, force=True, data=args.data)
+        engines[f"ctranslate2 {quantization}"] = _runner(ctranslate2.Translator, path, sources, args)
+    return engines
+
+
+def _runner(Translator, path: str, sources: List[str], args) -> Callable:
+    def for_threads(threads: int) -> Callable[[], List[str]]:
+        translator = Translator(path, device="cpu", inter_threads=1, intra_threads=threads)
+        return lambda: _ctranslate2(translator, sources, args)
+    return for_threads
+
+
+def measure_checkpoint(checkpoint: str, args, work_dir: str, exports=(ctranslate2_engines,)) -> List[Dict]:
+    """Rows {checkpoint, threads, engine, sentences_per_s: [...], bleu, identical} of one model:
+    fairseq-generate and the engines of each of ``exports`` (functions like :func:`ctranslate2_engines`)."""
     [model], _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": args.data})
     model.eval()
     dataset, sources, references = _test_split(task, args.subset)
-    dirs = {}
-    for quantization in ("float32", "int8"):
-        dirs[quantization] = os.path.join(work_dir, f"{os.path.basename(checkpoint)}-{quantization}")
-        export(checkpoint, dirs[quantization], None if quantization == "float32" else quantization,
-               force=True, data=args.data)
+    made = {name: make for engines in exports for name, make in engines(checkpoint, args, work_dir, sources).items()}
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
         engines = {"fairseq": lambda: _fairseq(model, task, dataset, args)}
-        for quantization, path in dirs.items():
-            translator = ctranslate2.Translator(path, device="cpu", inter_threads=1, intra_threads=threads)
-            engines[f"ctranslate2 {quantization}"] = (lambda t: lambda: _ctranslate2(t, sources, args))(translator)
+        engines.update({name: make(threads) for name, make in made.items()})
         rows += time_engines(engines, checkpoint, threads, references, args.repeats)
     return rows
 
@@ -104,12 +113,12 @@ def time_engines(engines: Dict, checkpoint: str, threads: int, references: List[
     return rows
 
 
-def run(args, measure=measure_checkpoint, engine: str = "CTranslate2") -> str:
-    """The report of ``measure`` (a function like :func:`measure_checkpoint`) on every checkpoint."""
+def run(args, exports=(ctranslate2_engines,), engine: str = "CTranslate2") -> str:
+    """The report of :func:`measure_checkpoint` with ``exports`` on every checkpoint."""
     args.load_at_start = os.getloadavg()[0]
     start = time.time()
     with tempfile.TemporaryDirectory() as work_dir:
-        rows = [row for checkpoint in args.checkpoints for row in measure(checkpoint, args, work_dir)]
+        rows = [row for checkpoint in args.checkpoints for row in measure_checkpoint(checkpoint, args, work_dir, exports)]
     lines = [f"# fairseq-generate vs {engine} (beam {args.beam}, max length {args.max_len}, "
              f"batches of {args.batch_size})", ""]
     lines += describe_run(args, time.time() - start) + ["", engine_table(rows)]

@@ -6,46 +6,42 @@ and per CPU-second, interleaved repeats, BLEU, hypotheses equal to fairseq's), w
 decoded by :class:`fairseq_plugins_onnx.Translator` with one ONNX Runtime thread per ``--threads``.
 """
 import os
+import tempfile
 from argparse import Namespace
-from typing import Dict, List
+from typing import Callable, Dict, List
 
-import torch
-from fairseq import checkpoint_utils, options, tasks
+from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
 
-from fairseq_plugins.benchmarks.ctranslate2 import _fairseq, _test_split, time_engines
+from fairseq_plugins.benchmarks.ctranslate2 import measure_checkpoint
 from fairseq_plugins.benchmarks.measure import generation_model
 from fairseq_plugins.checkpoints import save_state
 from fairseq_plugins.export.onnx import export
 
-ENGINES = ("fairseq", "onnx float32", "onnx int8")
 ONNX_MAX_LEN = 200  # fairseq-generate's default --max-len-b, where --max-len does not fix one
 
 
-def measure_checkpoint(checkpoint: str, args, work_dir: str) -> List[Dict]:
+def onnx_engines(checkpoint: str, args, work_dir: str, sources: List[str]) -> Dict[str, Callable]:
+    """{engine name: threads -> a call translating ``sources``}: float32 and int8 folders."""
     from fairseq_plugins_onnx import Translator
 
-    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": args.data})
-    model.eval()
-    dataset, sources, references = _test_split(task, args.subset)
-    dirs = {}
-    for quantization in ("float32", "int8"):
-        dirs[quantization] = os.path.join(work_dir, f"{os.path.basename(os.path.dirname(checkpoint))}-{quantization}")
-        export(checkpoint, dirs[quantization], data=args.data, force=True, beam=args.beam, max_len_b=args.max_len,
-               quantize=None if quantization == "float32" else quantization)
     tokens = [s.split() for s in sources]
-    rows = []
-    for threads in args.threads:
-        torch.set_num_threads(threads)
-        engines = {"fairseq": lambda: _fairseq(model, task, dataset, args)}
-        for quantization, path in dirs.items():
-            translator = Translator(path, threads)
-            engines[f"onnx {quantization}"] = (lambda t: lambda: [
-                " ".join(h[0].tokens) for h in t.translate(tokens, beam=args.beam, max_len_b=args.max_len,
-                                                           batch_size=args.batch_size)])(translator)
-        rows += time_engines(engines, checkpoint, threads, references, args.repeats)
-    return rows
+    engines = {}
+    for quantization in ("float32", "int8"):
+        path = tempfile.mkdtemp(prefix=f"onnx-{quantization}-", dir=work_dir)  # one per checkpoint
+        export(checkpoint, path, data=args.data, force=True, beam=args.beam, max_len_b=args.max_len,
+               quantize=None if quantization == "float32" else quantization)
+        engines[f"onnx {quantization}"] = _runner(Translator, path, tokens, args)
+    return engines
+
+
+def _runner(Translator, path: str, tokens: List[List[str]], args) -> Callable:
+    def for_threads(threads: int) -> Callable[[], List[str]]:
+        translator = Translator(path, threads)
+        return lambda: [" ".join(h[0].tokens) for h in translator.translate(
+            tokens, beam=args.beam, max_len_b=args.max_len, batch_size=args.batch_size)]
+    return for_threads
 
 
 def measure_trained(job) -> dict:
@@ -63,5 +59,5 @@ def measure_trained(job) -> dict:
                "lr_scheduler_state": {}, "num_updates": 0}  # what fairseq's loader reads
     save_state({"cfg": state_cfg, "model": model.state_dict(), "optimizer_history": [history],
                 "extra_state": {"train_iterator": None}}, checkpoint)
-    rows = measure_checkpoint(checkpoint, Namespace(**job["onnx"]), job["work_dir"])
+    rows = measure_checkpoint(checkpoint, Namespace(**job["onnx"]), job["work_dir"], [onnx_engines])
     return {"rows": [{**row, "max_len": job["onnx"]["max_len"]} for row in rows]}

@@ -1,18 +1,20 @@
-"""fairseq-plugins-benchmark-ctranslate2 DATA CHECKPOINT [CHECKPOINT ...] [--threads 1 2] [--engine onnx] [--out FILE]
+"""fairseq-plugins-benchmark-ctranslate2 DATA CHECKPOINT [CHECKPOINT ...] [--threads 1 2] [--engine ctranslate2 onnx] [--out FILE]
 
 What is measured and how: :mod:`fairseq_plugins.benchmarks.ctranslate2` (:mod:`~fairseq_plugins.benchmarks.onnx`).
 """
-from fairseq_plugins.benchmarks.ctranslate2 import run
+from fairseq_plugins.benchmarks.ctranslate2 import ctranslate2_engines, run
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
+
+ENGINES = {"ctranslate2": "CTranslate2", "onnx": "ONNX Runtime"}  # --engine: the report's names
 
 
 def get_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="fairseq-plugins-benchmark-ctranslate2",
-        description="Sentences/s and BLEU of fairseq-generate and of CTranslate2 float32/int8 exports of "
-                    "vaswani_transformer checkpoints, on the same test split.")
+        description="Sentences/s and BLEU of fairseq-generate and of float32/int8 exports of the checkpoints "
+                    "(CTranslate2: vaswani_transformer; ONNX Runtime: any family), on the same test split.")
     parser.add_argument("data", help="fairseq-preprocess output (dictionaries and the test split)")
-    parser.add_argument("checkpoints", nargs="+", help="vaswani_transformer checkpoints")
+    parser.add_argument("checkpoints", nargs="+", help="the checkpoints (vaswani_transformer for CTranslate2)")
     parser.add_argument("--subset", default="test", help="split to translate (default: test)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1], help="thread counts (default: 1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine, interleaved (default: 3)")
@@ -20,21 +22,25 @@ def get_parser() -> ArgumentParser:
     parser.add_argument("--max-len", type=int, default=200,
                         help="longest hypothesis, both engines (fairseq's --max-len-b; default: 200)")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
-    parser.add_argument("--engine", choices=["ctranslate2", "onnx"], default="ctranslate2",
-                        help="the export measured against fairseq-generate: CTranslate2 (vaswani_transformer) or "
-                             "fairseq-plugins-export-onnx (any family); default ctranslate2")
+    parser.add_argument("--engine", choices=ENGINES, nargs="+", default=["ctranslate2"],
+                        help="the exports measured against fairseq-generate, in one run: CTranslate2 "
+                             "(vaswani_transformer) and/or fairseq-plugins-export-onnx (any family); "
+                             "default ctranslate2")
     parser.add_argument("--out", help="also write the markdown report to this file")
     return parser
 
 
 def main(argv=None):
     def body(args):
-        if args.engine == "onnx":  # onnxruntime and onnxscript only then
-            from fairseq_plugins.benchmarks.onnx import measure_checkpoint
+        exports = []
+        for engine in dict.fromkeys(args.engine):
+            if engine == "onnx":  # onnxruntime and onnxscript only then
+                from fairseq_plugins.benchmarks.onnx import onnx_engines
 
-            report = run(args, measure_checkpoint, "ONNX Runtime")
-        else:
-            report = run(args)
+                exports.append(onnx_engines)
+            else:
+                exports.append(ctranslate2_engines)
+        report = run(args, exports, " and ".join(ENGINES[e] for e in dict.fromkeys(args.engine)))
         print(report)
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:
