@@ -62,14 +62,18 @@ def ctranslate2_engines(checkpoint: str, args, work_dir: str, sources: List[str]
     for quantization in ("float32", "int8"):
         path = tempfile.mkdtemp(prefix=f"ctranslate2-{quantization}-", dir=work_dir)  # one per checkpoint
         export(checkpoint, path, None if quantization == "float32" else quantization, force=True, data=args.data)
-        engines[f"ctranslate2 {quantization}"] = _runner(ctranslate2.Translator, path, sources, args)
+        engines[f"ctranslate2 {quantization}"] = engine(
+            lambda threads, path=path: ctranslate2.Translator(path, device="cpu", inter_threads=1,
+                                                              intra_threads=threads),
+            lambda translator: _ctranslate2(translator, sources, args))
     return engines
 
 
-def _runner(Translator, path: str, sources: List[str], args) -> Callable:
+def engine(open_translator: Callable, translate: Callable) -> Callable:
+    """threads -> a call translating the split with a translator opened once for that many threads."""
     def for_threads(threads: int) -> Callable[[], List[str]]:
-        translator = Translator(path, device="cpu", inter_threads=1, intra_threads=threads)
-        return lambda: _ctranslate2(translator, sources, args)
+        translator = open_translator(threads)
+        return lambda: translate(translator)
     return for_threads
 
 

@@ -14,7 +14,7 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
 
-from fairseq_plugins.benchmarks.ctranslate2 import measure_checkpoint
+from fairseq_plugins.benchmarks.ctranslate2 import engine, measure_checkpoint
 from fairseq_plugins.benchmarks.measure import generation_model
 from fairseq_plugins.checkpoints import save_state
 from fairseq_plugins.export.onnx import export
@@ -32,16 +32,11 @@ def onnx_engines(checkpoint: str, args, work_dir: str, sources: List[str]) -> Di
         path = tempfile.mkdtemp(prefix=f"onnx-{quantization}-", dir=work_dir)  # one per checkpoint
         export(checkpoint, path, data=args.data, force=True, beam=args.beam, max_len_b=args.max_len,
                quantize=None if quantization == "float32" else quantization)
-        engines[f"onnx {quantization}"] = _runner(Translator, path, tokens, args)
+        engines[f"onnx {quantization}"] = engine(
+            lambda threads, path=path: Translator(path, threads),
+            lambda translator: [" ".join(h[0].tokens) for h in translator.translate(
+                tokens, beam=args.beam, max_len_b=args.max_len, batch_size=args.batch_size)])
     return engines
-
-
-def _runner(Translator, path: str, tokens: List[List[str]], args) -> Callable:
-    def for_threads(threads: int) -> Callable[[], List[str]]:
-        translator = Translator(path, threads)
-        return lambda: [" ".join(h[0].tokens) for h in translator.translate(
-            tokens, beam=args.beam, max_len_b=args.max_len, batch_size=args.batch_size)]
-    return for_threads
 
 
 def measure_trained(job) -> dict:

@@ -32,15 +32,16 @@ def get_parser() -> ArgumentParser:
 
 def main(argv=None):
     def body(args):
+        names = list(dict.fromkeys(args.engine))  # once each, in the order given
         exports = []
-        for engine in dict.fromkeys(args.engine):
-            if engine == "onnx":  # onnxruntime and onnxscript only then
+        for name in names:
+            if name == "onnx":  # onnxruntime and onnxscript only then
                 from fairseq_plugins.benchmarks.onnx import onnx_engines
 
                 exports.append(onnx_engines)
             else:
                 exports.append(ctranslate2_engines)
-        report = run(args, exports, " and ".join(ENGINES[e] for e in dict.fromkeys(args.engine)))
+        report = run(args, exports, " and ".join(ENGINES[name] for name in names))
         print(report)
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:
