@@ -78,8 +78,10 @@ def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
     decoder as fairseq's beam search drives it (beams grouped, caches moved by the reorder)."""
     model = build("vaswani_transformer_tiny")
     encoder, step = export_model(model)
-    assert state_names(model) == ["layers.0.encoder_attn.kv", "layers.1.encoder_attn.kv",
-                                  "layers.0.self_attn.kv", "layers.1.self_attn.kv", "encoder_padding_mask"]
+    assert state_names(model) == ["layers.0.encoder_attn.k", "layers.0.encoder_attn.v",
+                                  "layers.1.encoder_attn.k", "layers.1.encoder_attn.v",
+                                  "layers.0.self_attn.k", "layers.0.self_attn.v",
+                                  "layers.1.self_attn.k", "layers.1.self_attn.v", "encoder_padding_mask"]
     for lengths, seed, beam in (((9, 4, 6), 3, 2), ((5,), 4, 3)):
         src, g = batch(lengths, seed), torch.Generator().manual_seed(seed)
         rows = torch.arange(len(lengths)).repeat_interleave(beam)
@@ -99,7 +101,8 @@ def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
                 expected = model.get_normalized_probs((logits[:, -1:], None), log_probs=True)[:, 0]
                 log_probs, *state = step.module()(prev[:, -1:], *state)
                 close(log_probs, expected)
-                assert state[2].shape[:2] == (prev.size(0), t + 1)  # layer 0's self-attention keys/values
+                keys = state[4]  # layer 0's self-attention keys: [B, h, t + 1, d_k]
+                assert (keys.size(0), keys.size(2)) == (prev.size(0), t + 1)
                 prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
 
 

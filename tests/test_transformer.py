@@ -383,7 +383,7 @@ def self_attn_buffers(model, state):
 
 def encoder_kv(model, state):
     cache = get_cache(model.decoder, state)
-    return [cache.get(name) for name in cache.names("sentences") if name.endswith("encoder_attn.kv")]
+    return [cache.get(name) for name in cache.names("sentences") if ".encoder_attn." in name]
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(encoder_normalize_before=True, decoder_normalize_before=True)])
@@ -416,7 +416,7 @@ def test_beam_decoding_equals_full_forward_and_moves_no_cache_within_beams(flags
             lp, attn = step_by_step(model, encoder_out, prev[rows], state, t, t + 1)
             full = log_probs(model, src[rows], prev[rows, : t + 1])
             assert (lp - full[:, t:]).abs().max() < TOL, t
-        assert self_attn_buffers(model, state)[0].size(1) == 32  # grew once, from 16
+        assert self_attn_buffers(model, state)[0].size(2) == 32  # grew once, from 16 (time is dim 2)
         assert all(kv.size(0) == 1 for kv in encoder_kv(model, state))
 
 
@@ -443,7 +443,8 @@ def test_beam_cache_self_attention_equals_naive_cat_reference():
     g = torch.Generator().manual_seed(3)
     group, n = 3, 6
     cache = BeamCache(n, group)
-    cache.reserve(attn.cache_name, (2, attn.num_heads, attn.d_k), torch.zeros(1))
+    for part in (".k", ".v"):
+        cache.reserve(attn.cache_name + part, attn.num_heads, attn.d_k, torch.zeros(1))
     cache.put("sentences", "unused", torch.zeros(n // group))  # something shared: the beam layout's fast path
     ref_kv = None
     x = torch.randn(n, 1, 64, generator=g)

@@ -17,9 +17,10 @@ run as one ``scan`` over time whenever autograd is off (``modules/recurrence.py`
 The state is the decoder's :class:`~fairseq_plugins.modules.beam_cache.BeamCache` flattened
 into tensors, in the order :func:`state_names` gives: ``rnnsearch`` ``s``, ``h``, ``U_a_h``,
 ``padding_mask``; ``rnnencdec`` ``s``, ``c``; ``seq2seq_lstm`` ``h``, ``c`` (per layer);
-``vaswani_transformer`` every layer's encoder–decoder keys/values [B, 2, h, S, d_k], every
-layer's self-attention keys/values so far [B, t, 1, 2, h, d_k] (t = 0 after the encoder) and the
-source padding mask [B, S]. Every state tensor is batch-first. The programs run the decoder's
+``vaswani_transformer`` every layer's encoder–decoder keys and values [B, h, S, d_k]
+(``layers.i.encoder_attn.k``, ``.v``), every layer's self-attention keys and values so far
+[B, h, t, d_k] (``layers.i.self_attn.k``, ``.v``; t = 0 after the encoder) and the source
+padding mask [B, S]. Every state tensor is batch-first. The programs run the decoder's
 own ``start_cache`` and decoding step on an :class:`ExportCache`, a BeamCache whose
 self-attention entries grow by concatenation (``torch.export`` traces that for any target length;
 eagerly they are written in place). Which dimensions are dynamic (batch, source length, target
@@ -43,7 +44,8 @@ TRACED_STEPS = 2  # decoding steps before the step is traced: a traced length of
 
 class ExportCache(BeamCache):
     """A BeamCache (G = 1) that is a program's inputs and outputs: self-attention entries are the
-    tensors so far, [B, t, 1, ...], and grow by concatenation instead of into a buffer."""
+    tensors so far, heads first as attention reads them, [B, h, t, d_k], and grow by one
+    concatenation per step instead of into a buffer."""
 
     @classmethod
     def from_state(cls, kinds: Dict[str, str], state: Tuple[Tensor, ...]) -> "ExportCache":
@@ -52,12 +54,12 @@ class ExportCache(BeamCache):
         cache.tensors = dict(zip(kinds, state))
         return cache
 
-    def reserve(self, name, entry_shape, like):
+    def reserve(self, name, heads, d_k, like):
         self.kinds[name] = "entries"
-        self.tensors[name] = like.new_zeros(self.slots.size(0), 0, 1, *entry_shape)
+        self.tensors[name] = like.new_zeros(self.slots.size(0), heads, 0, d_k)
 
     def append(self, name, new):
-        self.tensors[name] = torch.cat([self.tensors[name], new.reshape(-1, 1, 1, *new.shape[1:])], dim=1)
+        self.tensors[name] = torch.cat([self.tensors[name], new.unsqueeze(2)], dim=2)
         return self.tensors[name]
 
     def get(self, name):
@@ -66,7 +68,7 @@ class ExportCache(BeamCache):
     @property
     def steps(self) -> int:
         entries = self.names("entries")
-        return self.tensors[entries[0]].size(1) if entries else 0
+        return self.tensors[entries[0]].size(2) if entries else 0
 
     def state(self) -> Tuple[Tensor, ...]:
         return tuple(self.tensors[name] for name in self.kinds)

@@ -130,8 +130,8 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
             d_model, args.decoder_ffn_embed_dim, args.decoder_attention_heads, args.dropout, args.attention_dropout,
             args.activation_dropout, args.decoder_normalize_before, encoder_dim))
         for i, layer in enumerate(self.layers):  # their tensors' names in the decoding cache
-            layer.self_attn.cache_name = f"layers.{i}.self_attn.kv"
-            layer.encoder_attn.cache_name = f"layers.{i}.encoder_attn.kv"
+            layer.self_attn.cache_name = f"layers.{i}.self_attn"
+            layer.encoder_attn.cache_name = f"layers.{i}.encoder_attn"
         self.alignment_layer = args.alignment_layer % args.decoder_layers
         self.need_attn = True  # fairseq-generate sets it to --print-alignment
         self.output_projection = nn.Linear(d_model, len(dictionary), bias=False)
@@ -175,15 +175,19 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
         return x, {"attn": [attn]}
 
     def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
-        """Per sentence: every layer's encoder keys/values [N / G, 2, h, S, d_k] and the source
-        padding mask [N / G, S]; room for every layer's self-attention entries."""
+        """Per sentence: every layer's encoder keys and values [N / G, h, S, d_k] and the source
+        padding mask [N / G, S]; room for every layer's self-attention keys and values."""
         sentences = cache.per_sentence(encoder_out)
         encoder = sentences["encoder_out"][0]  # [N / G, S, d]
         for layer in self.layers:
-            cache.put("sentences", layer.encoder_attn.cache_name, layer.encoder_attn.encoder_kv(encoder))
+            name = layer.encoder_attn.cache_name
+            k, v = layer.encoder_attn.encoder_kv(encoder)
+            cache.put("sentences", name + ".k", k)
+            cache.put("sentences", name + ".v", v)
         for layer in self.layers:
             attn = layer.self_attn
-            cache.reserve(attn.cache_name, (2, attn.num_heads, attn.d_k), encoder)
+            for part in (".k", ".v"):
+                cache.reserve(attn.cache_name + part, attn.num_heads, attn.d_k, encoder)
         cache.put("sentences", "encoder_padding_mask", sentences["encoder_padding_mask"][0])
 
     def output_layer(self, features: Tensor) -> Tensor:

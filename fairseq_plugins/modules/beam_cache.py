@@ -12,10 +12,11 @@ A BeamCache holds three kinds of tensors, each by name:
 - ``sentences``: one row per beam of G hypotheses, [N / G, ...] (encoder keys/values,
   annotations, ``U_a h_j``, masks): computed and read once per sentence, never copied by a
   reorder within beams;
-- ``entries``: self-attention entries written step by step, [N / G, capacity, G, ...]: step j's
-  entry stays in the slot (0..G-1) of the hypothesis that wrote it; ``slots`` [N / G, G, t]
-  says which slot holds each hypothesis's ancestor at each step, and :meth:`begin_step` turns it
-  into the additive attention mask that makes every hypothesis read its own history.
+- ``entries``: self-attention keys or values written step by step, [h, d_k] per hypothesis and
+  step, kept heads first, [N / G, h, capacity, G, d_k]: step j's entry stays in the slot (0..G-1)
+  of the hypothesis that wrote it; ``slots`` [N / G, G, t] says which slot holds each
+  hypothesis's ancestor at each step, and :meth:`begin_step` turns it into the additive
+  attention mask that makes every hypothesis read its own history.
 
 G (``beam``) is set once, when the cache is made, from the encoder output's first reorder
 (:func:`reorder_encoder_out` records it). :meth:`reorder` takes the fast path for orders within
@@ -108,18 +109,21 @@ class BeamCache:
         self.tensors[name], self.kinds[name] = tensor, kind
 
     def get(self, name: str) -> Tensor:
-        """A stored tensor; for ``entries`` those written so far, [N / G, t, G, ...]."""
+        """A stored tensor; for ``entries`` those written so far, as attention reads them:
+        [N / G, h, t·G, d_k], step-major and slot-minor along t·G."""
+        tensor = self.tensors[name]
         if self.kinds[name] == "entries":
-            return self.tensors[name][:, :self._steps]
-        return self.tensors[name]
+            beams, heads, _, group, d_k = tensor.shape
+            return tensor[:, :, :self._steps].reshape(beams, heads, self._steps * group, d_k)
+        return tensor
 
     def names(self, kind: Optional[str] = None) -> List[str]:
         return [name for name, k in self.kinds.items() if kind is None or k == kind]
 
-    def reserve(self, name: str, entry_shape: Tuple[int, ...], like: Tensor) -> None:
-        """Room for self-attention entries of shape ``entry_shape`` per hypothesis and step."""
+    def reserve(self, name: str, heads: int, d_k: int, like: Tensor) -> None:
+        """Room for self-attention keys or values of ``heads`` × ``d_k`` per hypothesis and step."""
         self.kinds[name] = "entries"
-        self.tensors[name] = like.new_empty(self.slots.size(0), INITIAL_CAPACITY, self.beam, *entry_shape)
+        self.tensors[name] = like.new_empty(self.slots.size(0), heads, INITIAL_CAPACITY, self.beam, d_k)
 
     def begin_step(self) -> Optional[Tensor]:
         """Advances the bookkeeping by one step, in which every hypothesis writes its own slot.
@@ -137,15 +141,16 @@ class BeamCache:
         return self.self_attn_mask
 
     def append(self, name: str, new: Tensor) -> Tensor:
-        """Writes this step's entries ``new`` [N, ...] (after :meth:`begin_step`) and returns all
-        entries so far, [N / G, t+1, G, ...]. The buffer doubles when full (amortised O(1))."""
+        """Writes this step's entries ``new`` [N, h, d_k] (after :meth:`begin_step`) and returns
+        all entries so far as :meth:`get` does. The buffer doubles when full (amortised O(1))."""
         buf, t = self.tensors[name], self._steps - 1
-        if t == buf.size(1):
-            bigger = buf.new_empty(buf.size(0), 2 * t, *buf.shape[2:])
-            bigger[:, :t] = buf
+        beams, heads, capacity, group, d_k = buf.shape
+        if t == capacity:
+            bigger = buf.new_empty(beams, heads, 2 * capacity, group, d_k)
+            bigger[:, :, :t] = buf
             self.tensors[name] = buf = bigger
-        buf[:, t] = new.view(buf.size(0), self.beam, *new.shape[1:])
-        return buf[:, :t + 1]
+        buf[:, :, t] = new.view(beams, group, heads, d_k).transpose(1, 2)
+        return self.get(name)
 
     # ------------------------------------------------------------------ fairseq's reorder
 
@@ -208,9 +213,11 @@ class BeamCache:
                 self.tensors[name] = tensor.index_select(0, new_order)
             elif kind == "sentences":
                 self.tensors[name] = tensor.index_select(0, beam_of)
-            else:  # [R, capacity, G, ...] -> [N', capacity, 1, ...]
-                flat = tensor.new_empty(new_order.numel(), tensor.size(1), 1, *tensor.shape[3:])
-                flat[:, :steps, 0] = tensor[beam_of.unsqueeze(1), step, path]
+            else:  # [R, h, capacity, G, d_k] -> [N', h, capacity, 1, d_k]
+                _, heads, capacity, _, d_k = tensor.shape
+                flat = tensor.new_empty(new_order.numel(), heads, capacity, 1, d_k)
+                ancestors = tensor[beam_of.unsqueeze(1), :, step, path]  # [N', t, h, d_k]
+                flat[:, :, :steps, 0] = ancestors.transpose(1, 2)
                 self.tensors[name] = flat
         self.beam = 1
         self.slots = self.slots.new_empty(new_order.numel(), 1, 0)

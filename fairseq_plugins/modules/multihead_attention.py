@@ -12,13 +12,14 @@ Self-attention projects Q, K and V with one fused [3·d_model, d_model] matrix (
 Encoder–decoder attention projects the queries with ``q_proj`` and the encoder output with
 one fused [2·d_model, kdim] matrix (``kv_proj``).
 
-Decoding step by step, both read and write a :class:`~fairseq_plugins.modules.beam_cache.BeamCache`
-under their ``cache_name`` (set by the decoder). For G > 1 (the beam size when the decoder
-decodes beams, whose hypotheses share one source sentence) a beam's G rows attend together as
-one [h, G, d_k] query block:
+Decoding step by step, both read and write a :class:`~fairseq_plugins.modules.beam_cache.BeamCache`:
+keys under ``cache_name + ".k"``, values under ``cache_name + ".v"`` (set by the decoder), heads
+first as attention reads them. For G > 1 (the beam size when the decoder decodes beams, whose
+hypotheses share one source sentence) a beam's G rows attend together as one [h, G, d_k] query
+block:
 
-- encoder–decoder: ``sentences`` [N / G, 2, h, S, d_k], the decoder computes them once per beam;
-- self-attention: ``entries`` [N / G, t, G, 2, h, d_k], read step-major and slot-minor through
+- encoder–decoder: ``sentences`` [N / G, h, S, d_k] each, the decoder computes them once per beam;
+- self-attention: ``entries`` [N / G, h, t·G, d_k] each, read step-major and slot-minor through
   the cache's additive ``self_attn_mask``.
 """
 from typing import Optional, Tuple
@@ -44,7 +45,7 @@ class MultiheadAttention(nn.Module):
         self.d_k = embed_dim // num_heads  # d_k = d_v = d_model / h
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)  # on the weights
         self.encoder_decoder_attention = encoder_decoder_attention
-        self.cache_name = ""  # its tensors' name in a BeamCache, set by the decoder
+        self.cache_name = ""  # its tensors' prefix in a BeamCache, set by the decoder
         if encoder_decoder_attention:
             self.q_proj = nn.Linear(embed_dim, embed_dim)  # W^Q
             self.kv_proj = nn.Linear(kdim or embed_dim, 2 * embed_dim)  # [W^K; W^V]
@@ -90,18 +91,18 @@ class MultiheadAttention(nn.Module):
         group = 1 if cache is None else cache.beam
         if self.encoder_decoder_attention:
             q = self._split(self.q_proj(query), 1)[:, 0]  # Q W^Q: [N, h, T, d_k]
-            kv = self.encoder_kv(key) if cache is None else cache.get(self.cache_name)  # [N / G, 2, h, S, d_k]
+            if cache is None:
+                k, v = self.encoder_kv(key)
+            else:  # [N / G, h, S, d_k] each
+                k, v = cache.get(self.cache_name + ".k"), cache.get(self.cache_name + ".v")
         else:
-            qkv = self._split(self.in_proj(query), 3)  # [N, 3, h, T, d_k]
-            q, kv = qkv[:, 0], qkv[:, 1:]
-            if cache is not None:
-                entries = cache.append(self.cache_name, kv.squeeze(3))  # [N / G, t+1, G, 2, h, d_k]
-                steps = entries.size(1)
-                kv = entries.reshape(-1, steps * group, 2, self.num_heads, self.d_k).permute(0, 2, 3, 1, 4)
+            q, k, v = self._split(self.in_proj(query), 3).unbind(1)  # [N, h, T, d_k] each
+            if cache is not None:  # all entries so far: [N / G, h, (t+1)·G, d_k] each
+                k = cache.append(self.cache_name + ".k", k.squeeze(2))
+                v = cache.append(self.cache_name + ".v", v.squeeze(2))
                 attn_mask = cache.self_attn_mask
         if group > 1:  # a beam's rows become one query block: [N / G, h, G·T, d_k]
             q = q.transpose(1, 2).reshape(-1, group * tgt_len, self.num_heads, self.d_k).transpose(1, 2)
-        k, v = kv[:, 0], kv[:, 1]
         # the fused kernel takes dropout as a probability; FairseqDropout says when it applies
         drop = self.dropout_module
         dropout_p = drop.p if self.training or drop.apply_during_inference else 0.0
@@ -119,9 +120,10 @@ class MultiheadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(num_rows, tgt_len, self.embed_dim)  # Concat(head_1..h)
         return self.out_proj(out), weights
 
-    def encoder_kv(self, key: Tensor) -> Tensor:
-        """[K W^K, V W^V] of the encoder output [B, S, kdim]: [B, 2, h, S, d_k]."""
-        return self._split(self.kv_proj(key), 2)
+    def encoder_kv(self, key: Tensor) -> Tuple[Tensor, Tensor]:
+        """K W^K and V W^V of the encoder output [B, S, kdim]: [B, h, S, d_k] each."""
+        k, v = self._split(self.kv_proj(key), 2).unbind(1)
+        return k, v
 
     def _attention_with_weights(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
                                 causal: bool, dropout_p: float) -> Tuple[Tensor, Tensor]:
