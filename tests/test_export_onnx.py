@@ -97,7 +97,8 @@ def test_top_k_is_the_stable_argsorts_first_k():
 
 def test_the_step_graph_leaves_out_the_encoders_state_and_vector_matmuls(folders):
     """What the runtime's speed rests on (docs/ONNX.md): RNNsearch's step returns only the decoder
-    state ``s`` (not the annotations it reads) and has no MatMul by a 1-D weight (v_a)."""
+    state ``s`` (not the annotations it reads) and has no MatMul by a 1-D weight (v_a); the
+    Transformer's step swaps its keys' last axes with one Transpose each, not through 3-D reshapes."""
     import onnx
 
     graph = onnx.load(os.path.join(folders["rnnsearch"], "decoder_step.onnx")).graph
@@ -106,6 +107,53 @@ def test_the_step_graph_leaves_out_the_encoders_state_and_vector_matmuls(folders
     matmuls = [n for n in graph.node if n.op_type == "MatMul"]
     assert matmuls and not any(n.input[1] in vectors for n in matmuls)
     assert any(n.input[1].endswith(".column") for n in matmuls)  # v_a, as an (n', 1) matrix
+    graph = onnx.load(os.path.join(folders["vaswani_transformer"], "decoder_step.onnx")).graph
+    transposes = [list(n.attribute[0].ints) for n in graph.node if n.op_type == "Transpose"]
+    assert [0, 1, 3, 2] in transposes and [0, 2, 1] not in transposes
+
+
+def test_transposes_of_the_last_axes_keep_the_values_and_only_rewrite_what_they_prove(tmp_path):
+    """The pass on small graphs with symbolic shapes, against onnxruntime on the graph before it:
+    the exporter's Reshape-Transpose-Reshape becomes one Transpose; a pattern whose reshapes do not
+    merge the leading axes and split them back stays as it is."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from fairseq_plugins.export.onnx import transposes_of_the_last_axes
+
+    def graph(path, back):
+        nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+                 helper.make_node("Slice", ["shape", "minus2", "last"], ["last2"]),
+                 helper.make_node("Slice", ["shape", "zero", "minus2"], ["first"]),
+                 helper.make_node("Slice", ["shape", "minus1", "last"], ["b"]),
+                 helper.make_node("Slice", ["shape", "minus2", "minus1"], ["a"]),
+                 helper.make_node("Concat", ["minus1", "last2"], ["merged"], axis=0),
+                 helper.make_node("Reshape", ["x", "merged"], ["x3"]),
+                 helper.make_node("Transpose", ["x3"], ["t3"], perm=[0, 2, 1]),
+                 helper.make_node("Concat", back, ["split"], axis=0),
+                 helper.make_node("Reshape", ["t3", "split"], ["swapped"]),
+                 helper.make_node("Identity", ["swapped"], ["y"])]  # the graph's output declares its own shape
+        constants = [helper.make_tensor(name, TensorProto.INT64, [1], [value]) for name, value in
+                     (("minus2", -2), ("minus1", -1), ("zero", 0), ("last", 2 ** 62))]
+        model = helper.make_model(helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "length", 5])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["d0", "d1", "d2", "d3"])], constants),
+            opset_imports=[helper.make_opsetid("", 18)])
+        onnx.save(model, path)
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    for back, rewritten in ((["first", "b", "a"], True), (["first", "a", "b"], False)):
+        path = str(tmp_path / "g.onnx")
+        graph(path, back)
+        before = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        transposes_of_the_last_axes(path)
+        onnx.checker.check_model(onnx.load(path))
+        after = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(after, before)
+        ops = [n.op_type for n in onnx.load(path).graph.node]
+        assert (ops.count("Reshape") == 0) == rewritten, ops
+    np.testing.assert_array_equal(after, x.reshape(6, 4, 5).transpose(0, 2, 1).reshape(2, 3, 4, 5))  # kept as it was
 
 
 @pytest.mark.parametrize("family", FAMILIES)
