@@ -443,8 +443,7 @@ def test_beam_cache_self_attention_equals_naive_cat_reference():
     g = torch.Generator().manual_seed(3)
     group, n = 3, 6
     cache = BeamCache(n, group)
-    for part in (".k", ".v"):
-        cache.reserve(attn.cache_name + part, attn.num_heads, attn.d_k, torch.zeros(1))
+    attn.start_cache(cache, torch.zeros(1))
     cache.put("sentences", "unused", torch.zeros(n // group))  # something shared: the beam layout's fast path
     ref_kv = None
     x = torch.randn(n, 1, 64, generator=g)

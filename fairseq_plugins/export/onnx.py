@@ -168,7 +168,7 @@ def transposes_of_the_last_axes(path: str) -> None:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     for node in list(graph.node):
-        if node.op_type != "Transpose" or list(node.attribute[0].ints) != [0, 2, 1]:
+        if node.op_type != "Transpose" or [list(a.ints) for a in node.attribute if a.name == "perm"] != [[0, 2, 1]]:
             continue
         before, after = producer.get(node.input[0]), consumers.get(node.output[0], [])
         if before is None or before.op_type != "Reshape" or len(after) != 1 or after[0].op_type != "Reshape":

@@ -180,14 +180,9 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
         sentences = cache.per_sentence(encoder_out)
         encoder = sentences["encoder_out"][0]  # [N / G, S, d]
         for layer in self.layers:
-            name = layer.encoder_attn.cache_name
-            k, v = layer.encoder_attn.encoder_kv(encoder)
-            cache.put("sentences", name + ".k", k)
-            cache.put("sentences", name + ".v", v)
+            layer.encoder_attn.start_cache(cache, encoder)
         for layer in self.layers:
-            attn = layer.self_attn
-            for part in (".k", ".v"):
-                cache.reserve(attn.cache_name + part, attn.num_heads, attn.d_k, encoder)
+            layer.self_attn.start_cache(cache, encoder)
         cache.put("sentences", "encoder_padding_mask", sentences["encoder_padding_mask"][0])
 
     def output_layer(self, features: Tensor) -> Tensor:

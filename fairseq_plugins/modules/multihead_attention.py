@@ -13,8 +13,8 @@ Encoder–decoder attention projects the queries with ``q_proj`` and the encoder
 one fused [2·d_model, kdim] matrix (``kv_proj``).
 
 Decoding step by step, both read and write a :class:`~fairseq_plugins.modules.beam_cache.BeamCache`:
-keys under ``cache_name + ".k"``, values under ``cache_name + ".v"`` (set by the decoder), heads
-first as attention reads them. For G > 1 (the beam size when the decoder decodes beams, whose
+keys and values under :meth:`MultiheadAttention.cache_names` (from ``cache_name``, set by the
+decoder), heads first as attention reads them; :meth:`MultiheadAttention.start_cache` fills it. For G > 1 (the beam size when the decoder decodes beams, whose
 hypotheses share one source sentence) a beam's G rows attend together as one [h, G, d_k] query
 block:
 
@@ -94,12 +94,11 @@ class MultiheadAttention(nn.Module):
             if cache is None:
                 k, v = self.encoder_kv(key)
             else:  # [N / G, h, S, d_k] each
-                k, v = cache.get(self.cache_name + ".k"), cache.get(self.cache_name + ".v")
+                k, v = (cache.get(name) for name in self.cache_names())
         else:
             q, k, v = self._split(self.in_proj(query), 3).unbind(1)  # [N, h, T, d_k] each
             if cache is not None:  # all entries so far: [N / G, h, (t+1)·G, d_k] each
-                k = cache.append(self.cache_name + ".k", k.squeeze(2))
-                v = cache.append(self.cache_name + ".v", v.squeeze(2))
+                k, v = (cache.append(name, new.squeeze(2)) for name, new in zip(self.cache_names(), (k, v)))
                 attn_mask = cache.self_attn_mask
         if group > 1:  # a beam's rows become one query block: [N / G, h, G·T, d_k]
             q = q.transpose(1, 2).reshape(-1, group * tgt_len, self.num_heads, self.d_k).transpose(1, 2)
@@ -120,10 +119,23 @@ class MultiheadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(num_rows, tgt_len, self.embed_dim)  # Concat(head_1..h)
         return self.out_proj(out), weights
 
-    def encoder_kv(self, key: Tensor) -> Tuple[Tensor, Tensor]:
+    def encoder_kv(self, key: Tensor) -> Tuple[Tensor, ...]:
         """K W^K and V W^V of the encoder output [B, S, kdim]: [B, h, S, d_k] each."""
-        k, v = self._split(self.kv_proj(key), 2).unbind(1)
-        return k, v
+        return self._split(self.kv_proj(key), 2).unbind(1)
+
+    def cache_names(self) -> Tuple[str, str]:
+        """Its keys' and values' names in a BeamCache."""
+        return self.cache_name + ".k", self.cache_name + ".v"
+
+    def start_cache(self, cache: BeamCache, encoder: Tensor) -> None:
+        """Before the first step: encoder–decoder attention's keys and values of the encoder
+        output [N / G, S, kdim] (once per beam), or room for self-attention's."""
+        if self.encoder_decoder_attention:
+            for name, tensor in zip(self.cache_names(), self.encoder_kv(encoder)):
+                cache.put("sentences", name, tensor)
+        else:
+            for name in self.cache_names():
+                cache.reserve(name, self.num_heads, self.d_k, encoder)
 
     def _attention_with_weights(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
                                 causal: bool, dropout_p: float) -> Tuple[Tensor, Tensor]:
