@@ -21,9 +21,10 @@ has none). In eval mode the decoder returns the encoder–decoder attention of l
 ``--alignment-layer`` averaged over heads, ``extra["attn"] = [[B, T, S]]``, which
 ``fairseq-generate --print-alignment`` prints (fairseq-generate turns it off otherwise).
 """
+import logging
 import math
 from contextlib import nullcontext
-from typing import Dict, List, Optional
+from typing import Optional
 
 import torch
 import torch.utils.checkpoint
@@ -37,16 +38,22 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, reorder_encoder_out
+from fairseq_plugins.modules.beam_cache import (
+    BeamCache,
+    BeamCacheDecoder,
+    EncoderOut,
+    IncrementalState,
+    reorder_encoder_out,
+)
 from fairseq_plugins.modules.positional_embedding import build_positional_encoding
 from fairseq_plugins.modules.transformer_layer import (
     TransformerDecoderLayer,
+    FFN_INITS,
     TransformerEncoderLayer,
 )
 
 DEFAULT_MAX_POSITIONS = 1024
-EncoderOut = Dict[str, List[Tensor]]
-IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+logger = logging.getLogger("fairseq_plugins.models")
 
 
 def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int) -> nn.Embedding:
@@ -98,7 +105,7 @@ class VaswaniTransformerEncoder(FairseqEncoder):
         super().__init__(dictionary)
         init_layer_stack(self, args, "encoder", embed_tokens, lambda d_model: TransformerEncoderLayer(
             d_model, args.encoder_ffn_embed_dim, args.encoder_attention_heads, args.dropout, args.attention_dropout,
-            args.activation_dropout, args.encoder_normalize_before))
+            args.activation_dropout, args.encoder_normalize_before, ffn_init=args.ffn_init))
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
         """src_tokens: [B, S], left-padded."""
@@ -128,7 +135,7 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
         d_model = embed_tokens.embedding_dim
         init_layer_stack(self, args, "decoder", embed_tokens, lambda d_model: TransformerDecoderLayer(
             d_model, args.decoder_ffn_embed_dim, args.decoder_attention_heads, args.dropout, args.attention_dropout,
-            args.activation_dropout, args.decoder_normalize_before, encoder_dim))
+            args.activation_dropout, args.decoder_normalize_before, encoder_dim, ffn_init=args.ffn_init))
         for i, layer in enumerate(self.layers):  # their tensors' names in the decoding cache
             layer.self_attn.cache_name = f"layers.{i}.self_attn"
             layer.encoder_attn.cache_name = f"layers.{i}.encoder_attn"
@@ -156,12 +163,12 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
         if cache is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]  # the newest token only
             cache.begin_step()
-            encoder, padding = None, cache.get("encoder_padding_mask")  # [N / G, S]
+            encoder, padding = None, cache.get("encoder_padding_mask")  # [R, S]
         else:
             encoder, padding = encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
         x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions  # √d·E y + PE
         x = self.dropout_module(x)
-        encoder_attn_mask = ~padding[:, None, None, :]  # [N / G, 1, 1, S]
+        encoder_attn_mask = ~padding[:, None, None, :]  # [R, 1, 1, S]
         need_attn = self.need_attn and not self.training
         attn: Optional[Tensor] = None
         for idx, layer in enumerate(self.layers):
@@ -175,10 +182,10 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
         return x, {"attn": [attn]}
 
     def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
-        """Per sentence: every layer's encoder keys and values [N / G, h, S, d_k] and the source
-        padding mask [N / G, S]; room for every layer's self-attention keys and values."""
+        """Per sentence: every layer's encoder keys and values [R, h, S, d_k] and the source
+        padding mask [R, S]; room for every layer's self-attention keys and values."""
         sentences = cache.per_sentence(encoder_out)
-        encoder = sentences["encoder_out"][0]  # [N / G, S, d]
+        encoder = sentences["encoder_out"][0]  # [R, S, d]
         for layer in self.layers:
             layer.encoder_attn.start_cache(cache, encoder)
         for layer in self.layers:
@@ -231,6 +238,10 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
                             help="fairseq's sinusoid table (sines then cosines, tensor2tensor's "
                                  "frequencies, first position padding_idx+1) instead of the paper's; "
                                  "set by fairseq-plugins-convert-transformer")
+        parser.add_argument("--ffn-init", choices=FFN_INITS,
+                            help="initialisation of the FFN's W_1, W_2 (the paper is silent): linear = "
+                                 "nn.Linear's U(±1/sqrt(fan_in)) weights and biases, as fairseq's transformer "
+                                 "(default); xavier = Xavier-uniform weights, zero biases")
         parser.add_argument("--alignment-layer", type=int, metavar="L",
                             help="decoder layer (0-based, negative counts from the top; default -1) "
                                  "whose encoder-decoder attention is returned as the alignment")
@@ -246,6 +257,12 @@ class VaswaniTransformerModel(FairseqEncoderDecoderModel):
     @classmethod
     def build_model(cls, args, task):
         vaswani_transformer_base(args)  # fill in what the architecture left unset
+        encoder, decoder = ((getattr(args, f"{side}_layers"), getattr(args, f"{side}_attention_heads"))
+                            for side in ("encoder", "decoder"))
+        if encoder != decoder:  # a user who set only --encoder-* may expect N and h on both sides
+            logger.info(f"{args.arch}: encoder {encoder[0]} layers, {encoder[1]} heads; decoder {decoder[0]} layers, "
+                        f"{decoder[1]} heads (--decoder-layers/--decoder-attention-heads do not follow "
+                        "--encoder-*, as in fairseq's transformer)")
         if args.offload_activations:
             args.checkpoint_activations = True  # offloading implies checkpointing, as in fairseq
         for side in ("encoder", "decoder"):
@@ -282,10 +299,12 @@ def vaswani_transformer_base(args):
     args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 512)
     args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 2048)
     args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 8)
-    args.decoder_layers = getattr(args, "decoder_layers", args.encoder_layers)
+    # fairseq's rule, so its command lines build the same model: the decoder's widths follow the
+    # encoder's, its depth and heads do not (build_model names the difference in one line)
+    args.decoder_layers = getattr(args, "decoder_layers", 6)
     args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
     args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", args.encoder_attention_heads)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 8)
     args.dropout = getattr(args, "dropout", 0.1)
     args.attention_dropout = getattr(args, "attention_dropout", 0.0)
     args.activation_dropout = getattr(args, "activation_dropout", 0.0)
@@ -296,6 +315,7 @@ def vaswani_transformer_base(args):
     args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", False)
     args.share_all_embeddings = getattr(args, "share_all_embeddings", False)
     args.fairseq_positions = getattr(args, "fairseq_positions", False)
+    args.ffn_init = getattr(args, "ffn_init", "linear")
     args.alignment_layer = getattr(args, "alignment_layer", -1)
     args.max_source_positions = getattr(args, "max_source_positions", DEFAULT_MAX_POSITIONS)
     args.max_target_positions = getattr(args, "max_target_positions", DEFAULT_MAX_POSITIONS)
@@ -313,6 +333,7 @@ def vaswani_transformer_big(args):
     args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 1024)
     args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 4096)
     args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 16)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 16)
     args.dropout = getattr(args, "dropout", 0.3)
     vaswani_transformer_base(args)
 
@@ -324,4 +345,6 @@ def vaswani_transformer_tiny(args):
     args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
     args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 256)
     args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
     vaswani_transformer_base(args)

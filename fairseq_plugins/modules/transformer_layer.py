@@ -23,10 +23,16 @@ from fairseq_plugins.modules.beam_cache import BeamCache
 from fairseq_plugins.modules.multihead_attention import MultiheadAttention
 
 
-def _linear(in_features: int, out_features: int) -> nn.Linear:
+FFN_INITS = ("linear", "xavier")
+
+
+def _ffn_linear(in_features: int, out_features: int, init: str) -> nn.Linear:
+    """``linear``: nn.Linear's U(±1/√fan_in) weights and biases, as fairseq's ``transformer``;
+    ``xavier``: Xavier-uniform weights, zero biases (the paper says nothing of either)."""
     m = nn.Linear(in_features, out_features)
-    nn.init.xavier_uniform_(m.weight)
-    nn.init.zeros_(m.bias)
+    if init == "xavier":
+        nn.init.xavier_uniform_(m.weight)
+        nn.init.zeros_(m.bias)
     return m
 
 
@@ -34,14 +40,14 @@ class _Layer(nn.Module):
     """What both layers share: the FFN and the residual/LayerNorm wrapping."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, activation_dropout: float,
-                 normalize_before: bool):
+                 normalize_before: bool, ffn_init: str):
         super().__init__()
         # fairseq's module, so that --retain-dropout(-modules) can keep it on in generation
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)  # P_drop
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=self.__class__.__name__)
         self.normalize_before = normalize_before
-        self.fc1 = _linear(d_model, d_ff)  # W_1, b_1
-        self.fc2 = _linear(d_ff, d_model)  # W_2, b_2
+        self.fc1 = _ffn_linear(d_model, d_ff, ffn_init)  # W_1, b_1
+        self.fc2 = _ffn_linear(d_ff, d_model, ffn_init)  # W_2, b_2
         self.final_layer_norm = nn.LayerNorm(d_model)
 
     def _residual(self, x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm) -> Tensor:
@@ -62,8 +68,8 @@ class TransformerEncoderLayer(_Layer):
 
     def __init__(self, d_model: int, d_ff: int, heads: int, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 normalize_before: bool = False):
-        super().__init__(d_model, d_ff, dropout, activation_dropout, normalize_before)
+                 normalize_before: bool = False, ffn_init: str = "linear"):
+        super().__init__(d_model, d_ff, dropout, activation_dropout, normalize_before, ffn_init)
         self.self_attn = MultiheadAttention(d_model, heads, attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(d_model)
 
@@ -79,8 +85,8 @@ class TransformerDecoderLayer(_Layer):
 
     def __init__(self, d_model: int, d_ff: int, heads: int, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 normalize_before: bool = False, encoder_dim: Optional[int] = None):
-        super().__init__(d_model, d_ff, dropout, activation_dropout, normalize_before)
+                 normalize_before: bool = False, encoder_dim: Optional[int] = None, ffn_init: str = "linear"):
+        super().__init__(d_model, d_ff, dropout, activation_dropout, normalize_before, ffn_init)
         self.self_attn = MultiheadAttention(d_model, heads, attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(d_model)
         self.encoder_attn = MultiheadAttention(d_model, heads, attention_dropout,
