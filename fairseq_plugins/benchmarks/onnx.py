@@ -1,6 +1,6 @@
 """``fairseq-generate`` against the ONNX Runtime folder (float32, int8) on the same checkpoints and test set.
 
-As :mod:`fairseq_plugins.benchmarks.ctranslate2` (same rows, same timing: sentences per second
+As :mod:`fairseq_plugins.benchmarks.engines` times them (same rows, same timing: sentences per second
 and per CPU-second, interleaved repeats, BLEU, hypotheses equal to fairseq's), with the engines
 ``onnx float32`` and ``onnx int8``: folders written by ``fairseq-plugins-export-onnx`` (any family),
 decoded by :class:`fairseq_plugins_onnx.Translator` with one ONNX Runtime thread per ``--threads``.
@@ -14,7 +14,7 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
 
-from fairseq_plugins.benchmarks.ctranslate2 import engine, measure_checkpoint
+from fairseq_plugins.benchmarks.engines import engine, measure_checkpoint
 from fairseq_plugins.benchmarks.measure import generation_model
 from fairseq_plugins.checkpoints import save_state
 from fairseq_plugins.export.onnx import export

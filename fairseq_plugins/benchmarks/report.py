@@ -4,7 +4,7 @@ import os
 import platform
 import statistics
 import sys
-from typing import List
+from typing import Dict, List
 
 import fairseq
 import torch
@@ -109,8 +109,6 @@ def format_report(args, preset, precision, machine, table, counts, seconds, onnx
         "",
     ]
     if onnx_rows:
-        from fairseq_plugins.benchmarks.ctranslate2 import engine_table
-
         report += [
             "## ONNX Runtime (`--onnx`)",
             "",
@@ -136,6 +134,25 @@ def describe_run(args, seconds: float, hardware: str = "") -> List[str]:
         f"- software: Python {platform.python_version()}, torch {torch.__version__}, fairseq {fairseq.__version__}",
         f"- command: `{' '.join(sys.argv)}`",
     ]
+
+
+def engine_table(rows: List[Dict]) -> str:
+    """The markdown table of :func:`~fairseq_plugins.benchmarks.engines.time_engines`'s rows,
+    each engine against fairseq's row of the same model and threads."""
+    table = []
+    for row in rows:
+        fairseq = next(r for r in rows if r["checkpoint"] == row["checkpoint"] and r["threads"] == row["threads"]
+                       and r["engine"] == "fairseq")
+        cells = [os.path.basename(os.path.dirname(row["checkpoint"])) or row["checkpoint"], str(row["threads"]),
+                 row["engine"]]
+        for key in ("sentences_per_s", "sentences_per_cpu_s"):
+            speed = statistics.median(row[key])
+            cells += [f"{speed:.1f}", " / ".join(f"{s:.1f}" for s in row[key]),
+                      f"{speed / statistics.median(fairseq[key]):.2f}×"]
+        table.append(cells + [f"{row['bleu']:.2f}", row["identical"]])
+    return markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat", "vs fairseq",
+                           "sentences per CPU-second (median)", "per repeat", "vs fairseq", "BLEU",
+                           "hypotheses = fairseq's"], table)
 
 
 def _cpu_model() -> str:

@@ -1,8 +1,10 @@
 """fairseq-plugins-benchmark-ctranslate2 DATA CHECKPOINT [CHECKPOINT ...] [--threads 1 2] [--engine ctranslate2 onnx] [--out FILE]
 
-What is measured and how: :mod:`fairseq_plugins.benchmarks.ctranslate2` (:mod:`~fairseq_plugins.benchmarks.onnx`).
+What is measured and how: :mod:`fairseq_plugins.benchmarks.engines`; the engines:
+:mod:`~fairseq_plugins.benchmarks.ctranslate2`, :mod:`~fairseq_plugins.benchmarks.onnx`.
 """
-from fairseq_plugins.benchmarks.ctranslate2 import ctranslate2_engines, run
+from fairseq_plugins.benchmarks.ctranslate2 import ctranslate2_engines
+from fairseq_plugins.benchmarks.engines import run
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 
 ENGINES = {"ctranslate2": "CTranslate2", "onnx": "ONNX Runtime"}  # --engine: the report's names
