@@ -22,7 +22,8 @@ class Optimizer(FairseqOptimizer):
 
 
 def schedule(lr, warmup, model_dim=None):
-    cfg = OmegaConf.create({"lr": [lr], "warmup_updates": warmup, "model_dim": model_dim, "_name": "x"})
+    lrs = lr if isinstance(lr, list) else [lr]
+    cfg = OmegaConf.create({"lr": lrs, "warmup_updates": warmup, "model_dim": model_dim, "_name": "x"})
     opt = Optimizer()
     return InverseSqrtWarmupSchedule(cfg, opt), opt
 
@@ -68,8 +69,33 @@ def test_state_is_a_function_of_update_count():
     assert resumed.step_update(99) == ran.step_update(99)
 
 
-@pytest.mark.parametrize("kwargs, flag", [({"warmup": 0}, "--warmup-updates 0"), ({"model_dim": -3}, "--model-dim -3")])
+@pytest.mark.parametrize("kwargs, flag", [({"warmup": 0}, "--warmup-updates 0"), ({"model_dim": -3}, "--model-dim -3"),
+                                          ({"model_dim": 0}, "--model-dim 0"),
+                                          ({"lr": [1e-3, 5e-4]}, r"^--lr \[0.001, 0.0005\]: inverse_sqrt_warmup takes exactly one"),
+                                          ({"lr": []}, r"^--lr \[\]: inverse_sqrt_warmup takes exactly one value")])
 def test_bad_values(kwargs, flag):
     args = {"lr": 1.0, "warmup": 10, **kwargs}
     with pytest.raises(ConfigError, match=flag):
         schedule(**args)
+
+
+def test_the_smallest_valid_values_are_schedules():
+    """--warmup-updates 1 (no warm-up) and --model-dim 1 give eq. 3, not an error."""
+    sched, _ = schedule(1.0, 1, model_dim=1)
+    for num_updates in (0, 1, 5):
+        assert sched.step_update(num_updates) == pytest.approx(paper_eq3(num_updates + 1, 1, 1), rel=1e-12)
+
+
+def test_the_command_line_gives_the_papers_schedule():
+    """What fairseq-train builds from ``--lr-scheduler inverse_sqrt_warmup --model-dim 512`` (fairseq's parser
+    and builder): the flags exist, and the default warm-up is the paper's 4000, so the rate peaks at update 4000."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.optim.lr_scheduler import build_lr_scheduler
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "data", "--arch", "transformer", "--optimizer", "adam", "--lr", "1.0", "--lr-scheduler", "inverse_sqrt_warmup",
+        "--model-dim", "512"])
+    sched = build_lr_scheduler(convert_namespace_to_omegaconf(args).lr_scheduler, Optimizer())
+    for num_updates in STEPS:
+        assert sched.step_update(num_updates) == pytest.approx(paper_eq3(num_updates + 1, 512, 4000), rel=1e-12)

@@ -36,8 +36,8 @@ class InverseSqrtWarmupConfig(FairseqDataclass):
 class InverseSqrtWarmupSchedule(FairseqLRScheduler):
     def __init__(self, cfg: InverseSqrtWarmupConfig, optimizer):
         super().__init__(cfg, optimizer)
-        if len(cfg.lr) > 1:
-            raise ConfigError(f"--lr {cfg.lr}: inverse_sqrt_warmup takes one value, not a per-epoch list")
+        if len(cfg.lr) != 1:  # fairseq's --lr is a list: a per-epoch one, or empty (--lr '')
+            raise ConfigError(f"--lr {cfg.lr}: inverse_sqrt_warmup takes exactly one value, not a per-epoch list")
         if cfg.warmup_updates < 1:
             raise ConfigError(f"--warmup-updates {cfg.warmup_updates}: must be at least 1")
         if cfg.model_dim is not None and cfg.model_dim < 1:

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Mutation testing (cosmic-ray) of the modules where a silent bug costs most, each against the
+# tests that cover it: a small change is put into the code, one at a time, and the tests must fail.
+# Not part of CI: hours on 2 cores (docs/TESTING.md has the last result and every survivor's fate).
+#
+#   bash scripts/mutation.sh                      # all nine modules below
+#   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
+#
+# It mutates a throw-away git worktree of HEAD (with MUTATION_UNCOMMITTED=1, plus this checkout's
+# uncommitted changes to tracked files; untracked files are never carried), never this checkout, so other runs here are unaffected and nothing is left mutated. The tests run
+# there with PYTHONPATH at that worktree: pytest, and every fairseq-train/-generate they start
+# (--user-dir is taken from the imported fairseq_plugins), import the mutated file; checked before
+# the first mutant. Results: work/mutation/<module>.{sqlite,txt} (MUTATION_OUT), with the diff of
+# each survivor. The tool lives in its own venv (MUTATION_VENV, default .venv-mutation), the suite's
+# .venv (scripts/setup_env.sh) runs the tests. A mutant gets 3x the unmutated tests' time + 60 s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+PY=$REPO/.venv/bin/python
+TOOL_VENV=${MUTATION_VENV:-$REPO/.venv-mutation}
+OUT=${MUTATION_OUT:-$REPO/work/mutation}
+COSMIC_RAY=cosmic-ray==8.7.0
+
+# module (under fairseq_plugins/, or the top-level runtime) -> the tests that cover it, fastest first
+# (pytest -x stops at the first failure, so a killed mutant costs the time to its first failing test)
+tests_for() {
+    case "$1" in
+        criterions/label_smoothed_xent.py) echo "tests/test_criterion.py tests/test_bf16.py -m 'not slow'" ;;
+        lr_schedulers/inverse_sqrt_warmup.py) echo "tests/test_lr_scheduler.py" ;;
+        patches/finished_run.py) echo "tests/test_finished_run.py" ;;
+        patches/patience_state.py) echo "tests/test_patience_restart.py" ;;
+        patches/divergence.py) echo "tests/test_divergence.py" ;;
+        patches/elastic_resume.py) echo "tests/test_elastic_resume.py" ;;
+        patches/preemption.py) echo "tests/test_patches.py tests/test_cluster.py -k 'preempt or sigterm or signal'" ;;
+        modules/beam_cache.py) echo "tests/test_decoding_cache.py" ;;
+        fairseq_plugins_onnx.py) echo "tests/test_export_onnx.py" ;;
+        *) return 1 ;;
+    esac
+}
+ALL=(criterions/label_smoothed_xent.py lr_schedulers/inverse_sqrt_warmup.py patches/finished_run.py
+     patches/patience_state.py modules/beam_cache.py patches/divergence.py patches/elastic_resume.py
+     patches/preemption.py fairseq_plugins_onnx.py)
+modules=("$@")
+[ ${#modules[@]} -gt 0 ] || modules=("${ALL[@]}")
+for module in "${modules[@]}"; do
+    tests_for "$module" >/dev/null || {
+        echo "error: $module: not a module this script tests (one of: ${ALL[*]})" >&2; exit 2; }
+done
+[ -x "$PY" ] || { echo "error: $PY missing: run bash scripts/setup_env.sh first" >&2; exit 2; }
+
+if ! "$TOOL_VENV/bin/python" -c "import cosmic_ray" 2>/dev/null; then
+    echo "== installing $COSMIC_RAY into $TOOL_VENV"
+    python3 -m venv "$TOOL_VENV"
+    "$TOOL_VENV/bin/pip" install --quiet --disable-pip-version-check "$COSMIC_RAY"
+fi
+
+WT=$(mktemp -d "${TMPDIR:-/tmp}/fairseq-plugins-mutation.XXXXXX")
+cleanup() { git -C "$REPO" worktree remove --force "$WT" 2>/dev/null || rm -rf "$WT"; }
+trap cleanup EXIT
+git worktree add --quiet --detach "$WT" HEAD
+if [ "${MUTATION_UNCOMMITTED:-0}" = 1 ]; then git diff HEAD --binary | git -C "$WT" apply --whitespace=nowarn; fi
+mkdir -p "$OUT"
+export PYTHONPATH=$WT  # the worktree's fairseq_plugins and fairseq_plugins_onnx, in every subprocess too
+where=$(cd "$WT" && "$PY" -c 'import fairseq_plugins, fairseq_plugins_onnx
+print(fairseq_plugins.__file__, fairseq_plugins_onnx.__file__)')
+case "$where" in
+    "$WT/fairseq_plugins/__init__.py $WT/fairseq_plugins_onnx.py") ;;
+    *) echo "error: the worktree's tests would import $where, not $WT's files" >&2; exit 1 ;;
+esac
+echo "== mutating a worktree of $(git rev-parse --short HEAD)$([ "${MUTATION_UNCOMMITTED:-0}" = 1 ] && echo ' and the uncommitted changes') at $WT; results in $OUT"
+
+for module in "${modules[@]}"; do
+    path=fairseq_plugins/$module
+    [ "$module" = fairseq_plugins_onnx.py ] && path=$module
+    name=${module%.py}; name=${name//\//.}
+    tests=$(tests_for "$module")  # shell words, pasted into the runner as they are
+    runner=$OUT/$name.run-tests.sh
+    printf '#!/usr/bin/env bash\ncd %q && exec nice -n 10 %q -m pytest -x -q -p no:cacheprovider -n 0 %s\n' \
+        "$WT" "$PY" "$tests" > "$runner"
+    echo "== $module: unmutated tests ($tests)"
+    start=$(date +%s)
+    bash "$runner" > "$OUT/$name.baseline.log" 2>&1 || {
+        echo "error: $module: the tests fail without a mutation (see $OUT/$name.baseline.log)" >&2; exit 1; }
+    timeout=$(( 3 * ($(date +%s) - start) + 60 ))
+    config=$OUT/$name.toml
+    # Left out: replacements that are type errors on this code's numbers and booleans (an arithmetic
+    # operator to a shift or bitwise one, a comparison to `is`, `~`): they cost a run and show nothing.
+    cat > "$config" <<EOF
+[cosmic-ray]
+module-path = "$path"
+timeout = $timeout.0
+excluded-modules = []
+test-command = "bash $runner"
+[cosmic-ray.distributor]
+name = "local"
+[cosmic-ray.filters.operators-filter]
+exclude-operators = ["core/ReplaceBinaryOperator_.*_(BitOr|BitAnd|BitXor|LShift|RShift)$",
+                     "core/ReplaceComparisonOperator_(Eq|NotEq|Lt|LtE|Gt|GtE)_(Is|IsNot)$",
+                     "core/ReplaceUnaryOperator_.*_Invert$"]
+EOF
+    unmutated=$(sha1sum < "$WT/$path")
+    session=$OUT/$name.sqlite
+    rm -f "$session"
+    (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" init "$config" "$session" &&
+        "$TOOL_VENV/bin/cr-filter-operators" "$session" "$config" &&
+        "$TOOL_VENV/bin/cosmic-ray" exec "$config" "$session")
+    "$TOOL_VENV/bin/cosmic-ray" dump "$session" | "$PY" "$REPO/scripts/mutation_summary.py" "$module" | tee "$OUT/$name.txt"
+    [ "$(sha1sum < "$WT/$path")" = "$unmutated" ] || { echo "error: $path was left mutated in the worktree" >&2; exit 1; }
+done
