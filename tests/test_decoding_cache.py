@@ -139,7 +139,7 @@ def test_reorders_within_beams_copy_no_shared_tensor(arch):
         prev, state = torch.full((3 * beam, 1), DICT.eos()), {}
         model.decoder(prev, encoder_out, incremental_state=state)
         cache = get_cache(model.decoder, state)
-        assert cache.beam == beam
+        assert cache.beam_size == beam
         shared = {name: cache.tensors[name].data_ptr() for name in cache.names() if cache.kinds[name] != "rows"}
         assert shared and all(cache.tensors[name].size(0) == 3 for name in shared)  # once per sentence
         for drop in (False, False, True):
@@ -150,7 +150,7 @@ def test_reorders_within_beams_copy_no_shared_tensor(arch):
             prev = torch.cat([prev[order], torch.full((order.numel(), 1), 5)], dim=1)
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
             model.decoder(prev, encoder_out, incremental_state=state)
-        assert cache.beam == beam and all(cache.tensors[name].size(0) == 2 for name in shared)
+        assert cache.beam_size == beam and all(cache.tensors[name].size(0) == 2 for name in shared)
 
 
 def test_reorder_encoder_out_keeps_fairseqs_contract_for_every_family():

@@ -106,6 +106,12 @@ def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
                 prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
 
 
+def test_the_concatenating_layout_refuses_beams():
+    """Its entries are [N, h, t, d_k], one row per hypothesis: a beam size above 1 is a clear error."""
+    with pytest.raises(ValueError, match="beam_size 1\\), got 4"):
+        BeamCache(8, 4, concatenate=True)
+
+
 def test_exported_transformer_encoder_equals_eager():
     model = build("vaswani_transformer_tiny")
     program = export_encoder(model)

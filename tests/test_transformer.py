@@ -338,7 +338,7 @@ def test_reorder_encoder_out_puts_every_tensor_in_the_orders_rows(lengths):
             out = model.encoder.reorder_encoder_out(out, order)
             rows = rows[order]
             assert out.keys() >= fresh.keys()
-            assert all(t.size(0) == len(rows) for tensors in out.values() for t in tensors)  # "beam" too
+            assert all(t.size(0) == len(rows) for tensors in out.values() for t in tensors)  # "beam_size" too
             for key in fresh:
                 assert len(out[key]) == len(fresh[key])
                 for got, expected in zip(out[key], fresh[key]):
@@ -463,7 +463,7 @@ def test_beam_cache_self_attention_equals_naive_cat_reference():
             scores = qkv[:, 0] @ ref_kv[:, 0].transpose(-2, -1) / 4.0  # QKᵀ/√d_k
             ref = attn.out_proj((scores.softmax(-1) @ ref_kv[:, 1]).transpose(1, 2).reshape(n, 1, 64))
             assert (out - ref).abs().max() < TOL, t
-        assert cache.beam == group
+        assert cache.beam_size == group
 
 
 # ---------------------------------------------------------------- padding invariance

@@ -21,9 +21,9 @@ into tensors, in the order :func:`state_names` gives: ``rnnsearch`` ``s``, ``h``
 (``layers.i.encoder_attn.k``, ``.v``), every layer's self-attention keys and values so far
 [B, h, t, d_k] (``layers.i.self_attn.k``, ``.v``; t = 0 after the encoder) and the source
 padding mask [B, S]. Every state tensor is batch-first. The programs run the decoder's
-own ``start_cache`` and decoding step on an :class:`ExportCache`, a BeamCache whose
-self-attention entries grow by concatenation (``torch.export`` traces that for any target length;
-eagerly they are written in place). Which dimensions are dynamic (batch, source length, target
+own ``start_cache`` and decoding step on a BeamCache in its concatenating layout (self-attention
+entries grow by concatenation, which ``torch.export`` traces for any target length; eagerly they
+are written in place), made by ``BeamCache.from_state`` and read by ``state()``. Which dimensions are dynamic (batch, source length, target
 length, the latter two bounded by the Transformer's position tables) is found by running the
 programs on examples that differ in one of them. :func:`export_encoder` exports the
 Transformer's encoder alone.
@@ -37,41 +37,9 @@ from torch.export import Dim, ExportedProgram
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.transformer import VaswaniTransformerDecoder, VaswaniTransformerEncoder
-from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, put_cache
+from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, IncrementalState, put_cache
 
 TRACED_STEPS = 2  # decoding steps before the step is traced: a traced length of 0 or 1 would be specialised
-
-
-class ExportCache(BeamCache):
-    """A BeamCache (G = 1) that is a program's inputs and outputs: self-attention entries are the
-    tensors so far, heads first as attention reads them, [B, h, t, d_k], and grow by one
-    concatenation per step instead of into a buffer."""
-
-    @classmethod
-    def from_state(cls, kinds: Dict[str, str], state: Tuple[Tensor, ...]) -> "ExportCache":
-        cache = cls(state[0].size(0), 1, state[0].device)
-        cache.kinds = dict(kinds)
-        cache.tensors = dict(zip(kinds, state))
-        return cache
-
-    def reserve(self, name, heads, d_k, like):
-        self.kinds[name] = "entries"
-        self.tensors[name] = like.new_zeros(self.slots.size(0), heads, 0, d_k)
-
-    def append(self, name, new):
-        self.tensors[name] = torch.cat([self.tensors[name], new.unsqueeze(2)], dim=2)
-        return self.tensors[name]
-
-    def get(self, name):
-        return self.tensors[name]
-
-    @property
-    def steps(self) -> int:
-        entries = self.names("entries")
-        return self.tensors[entries[0]].size(2) if entries else 0
-
-    def state(self) -> Tuple[Tensor, ...]:
-        return tuple(self.tensors[name] for name in self.kinds)
 
 
 def _example_source(dictionary, lengths=(7, 5)) -> Tensor:
@@ -91,8 +59,8 @@ class EncoderProgram(nn.Module):
     def forward(self, src_tokens: Tensor) -> Tuple[Tensor, ...]:
         return self.start(src_tokens).state()
 
-    def start(self, src_tokens: Tensor) -> ExportCache:
-        cache = ExportCache(src_tokens.size(0), 1, src_tokens.device)
+    def start(self, src_tokens: Tensor) -> BeamCache:
+        cache = BeamCache(src_tokens.size(0), 1, src_tokens.device, concatenate=True)
         self.decoder.start_cache(self.encoder(src_tokens), cache)
         return cache
 
@@ -105,8 +73,8 @@ class DecoderStepProgram(nn.Module):
         self.decoder, self.kinds, self.attention = model.decoder, kinds, attention
 
     def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
-        cache = ExportCache.from_state(self.kinds, state)
-        incremental_state: Dict[str, Dict[str, Tensor]] = {}
+        cache = BeamCache.from_state(self.kinds, state)
+        incremental_state: IncrementalState = {}
         put_cache(self.decoder, incremental_state, cache)
         # the decoder reads the newest token and, from the prefix length, its position (Transformer)
         prefix = prev_token.expand(-1, cache.steps + 1)

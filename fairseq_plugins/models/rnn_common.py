@@ -1,15 +1,8 @@
-"""What the recurrent models share: the batch-first encoder output type and build-time checks.
+"""What the recurrent models share: build-time checks.
 
 This module registers nothing (``models/__init__`` imports every module of the folder).
 """
-from typing import Dict, List
-
-from torch import Tensor
-
 from fairseq_plugins.errors import ConfigError
-
-EncoderOut = Dict[str, List[Tensor]]
-
 
 def check_positive(args, flags) -> None:
     """ConfigError naming the first of ``flags`` (attribute names) that is not a positive integer."""

@@ -12,7 +12,6 @@ import torch.nn as nn
 from fairseq.models import register_model, register_model_architecture
 from torch import Tensor
 
-from fairseq_plugins.models.rnn_common import EncoderOut
 from fairseq_plugins.models.rnnsearch import (
     RNNsearchModel,
     StackedGRUEncoder,
@@ -20,6 +19,7 @@ from fairseq_plugins.models.rnnsearch import (
     _tiny_sizes,
     add_gru_model_args,
 )
+from fairseq_plugins.modules.beam_cache import EncoderOut
 
 
 class GRUEncoder(StackedGRUEncoder):

@@ -24,9 +24,15 @@ from torch import Tensor
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models._initialisation import log_initialisation
-from fairseq_plugins.models.rnn_common import EncoderOut, check_positive
+from fairseq_plugins.models.rnn_common import check_positive
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
-from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, reorder_encoder_out
+from fairseq_plugins.modules.beam_cache import (
+    BeamCache,
+    BeamCacheDecoder,
+    EncoderOut,
+    IncrementalState,
+    reorder_encoder_out,
+)
 from fairseq_plugins.modules.conditional_gru import ConditionalGRUCell
 from fairseq_plugins.modules.gru import GRU
 from fairseq_plugins.modules.maxout import Maxout
@@ -154,11 +160,13 @@ class ConditionalGRUDecoder(BeamCacheDecoder):
         for name, tensor in self.context.start(cache.per_sentence(encoder_out)).items():
             cache.put("sentences", name, tensor)
 
-    def forward(self, prev_output_tokens, encoder_out: Optional[EncoderOut], incremental_state=None, **unused):
+    def forward(self, prev_output_tokens, encoder_out: Optional[EncoderOut],
+                incremental_state: Optional[IncrementalState] = None, **unused):
         t, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         return self.output_layer(t), extra
 
-    def extract_features(self, prev_output_tokens, encoder_out: Optional[EncoderOut], incremental_state=None):
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[EncoderOut],
+                         incremental_state: Optional[IncrementalState] = None):
         """Returns the maxout outputs t (bsz, tgt_len, l) and ``{"attn": [α (bsz, tgt_len, src_len) or None]}``."""
         if incremental_state is not None:
             cache = self.decoding_cache(incremental_state, encoder_out)
@@ -168,20 +176,20 @@ class ConditionalGRUDecoder(BeamCacheDecoder):
             self.start_cache(encoder_out, cache)
         sentences = {name: cache.get(name) for name in cache.names("sentences")}
         s = cache.get("s")  # (N, n)
-        rows, group, n = s.size(0), cache.beam, s.size(1)
+        rows, beam_size, n = s.size(0), cache.beam_size, s.size(1)
 
         Ey = self.dropout_module(self.embed_tokens(prev_output_tokens))  # E y_{i-1}: (N, tgt_len, m)
         W_Ey = self.cell.project_input(Ey.transpose(0, 1))  # (tgt_len, N, 3n), all steps at once
-        s = s.reshape(-1, group, n)  # a beam's hypotheses together: (N / G, G, n)
+        s = s.reshape(-1, beam_size, n)  # a beam's hypotheses together: (R, G, n)
         states: List[Tensor] = []
         contexts: List[Tensor] = []
         alphas: List[Optional[Tensor]] = []
         for W_Ey_i in W_Ey.unbind(0):  # unbind: indexing's backward allocates a full-size zero tensor per step
-            c, alpha = self.context.step(s, sentences)  # c_i (N / G, G or 1, k), α_i
+            c, alpha = self.context.step(s, sentences)  # c_i (R, G or 1, k), α_i
             s_prev = s
-            s = self.cell(W_Ey_i.reshape(-1, group, W_Ey_i.size(1)), self.cell.project_context(c), s_prev)  # s_i
+            s = self.cell(W_Ey_i.reshape(-1, beam_size, W_Ey_i.size(1)), self.cell.project_context(c), s_prev)  # s_i
             states.append((s_prev if self.use_previous_state else s).reshape(rows, n))
-            contexts.append(c.expand(-1, group, -1).reshape(rows, -1))
+            contexts.append(c.expand(-1, beam_size, -1).reshape(rows, -1))
             alphas.append(None if alpha is None else alpha.reshape(rows, -1))
 
         t_tilde = (

@@ -19,8 +19,14 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models._initialisation import log_initialisation
-from fairseq_plugins.models.rnn_common import EncoderOut, check_positive
-from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, reorder_encoder_out
+from fairseq_plugins.models.rnn_common import check_positive
+from fairseq_plugins.modules.beam_cache import (
+    BeamCache,
+    BeamCacheDecoder,
+    EncoderOut,
+    IncrementalState,
+    reorder_encoder_out,
+)
 from fairseq_plugins.modules.lstm import stacked_lstm_step
 from fairseq_plugins.modules.recurrence import scan_over_time
 
@@ -118,11 +124,13 @@ class LSTMDecoder(BeamCacheDecoder):
                            dropout=dropout if num_layers > 1 else 0.0)
         self.fc_out = nn.Linear(hidden_size, len(dictionary))
 
-    def forward(self, prev_output_tokens, encoder_out: EncoderOut, incremental_state=None, **unused):
+    def forward(self, prev_output_tokens, encoder_out: EncoderOut,
+                incremental_state: Optional[IncrementalState] = None, **unused):
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         return self.output_layer(x), extra
 
-    def extract_features(self, prev_output_tokens, encoder_out: Optional[EncoderOut], incremental_state=None):
+    def extract_features(self, prev_output_tokens, encoder_out: Optional[EncoderOut],
+                         incremental_state: Optional[IncrementalState] = None):
         if incremental_state is not None:
             cache = self.decoding_cache(incremental_state, encoder_out)
             prev_output_tokens = prev_output_tokens[:, -1:]

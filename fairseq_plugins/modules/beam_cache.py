@@ -6,36 +6,43 @@ for any ``new_order`` (rows of other sentences, repeated, dropped). Beam search'
 shape worth exploiting: its first ``reorder_encoder_out`` repeats every sentence G times
 consecutively, and later orders move hypotheses within their beam and drop finished beams.
 
+Names: G is the beam size (``beam_size``), R = N / G the number of beams (``beams``); a beam is
+the G hypotheses of one sentence (G = 1: every hypothesis is a beam of its own).
+
 A BeamCache holds three kinds of tensors, each by name:
 
 - ``rows``: one row per hypothesis, [N, ...] (a recurrent state);
-- ``sentences``: one row per beam of G hypotheses, [N / G, ...] (encoder keys/values,
-  annotations, ``U_a h_j``, masks): computed and read once per sentence, never copied by a
-  reorder within beams;
+- ``sentences``: one row per beam, [R, ...] (encoder keys/values, annotations, ``U_a h_j``,
+  masks): computed and read once per sentence, never copied by a reorder within beams;
 - ``entries``: self-attention keys or values written step by step, [h, d_k] per hypothesis and
-  step, kept heads first, [N / G, h, capacity, G, d_k]: step j's entry stays in the slot (0..G-1)
-  of the hypothesis that wrote it; ``slots`` [N / G, G, t] says which slot holds each
-  hypothesis's ancestor at each step, and :meth:`begin_step` turns it into the additive
-  attention mask that makes every hypothesis read its own history.
+  step, heads first. Two layouts:
 
-G (``beam``) is set once, when the cache is made, from the encoder output's first reorder
-(:func:`reorder_encoder_out` records it). :meth:`reorder` takes the fast path for orders within
-beams (the rows and ``slots`` follow the order; ``sentences`` and ``entries`` move only when
-beams finish) and a general ``index_select`` path for any other order, after which the cache
-has one row per hypothesis (G = 1) for good. Neither path raises or asserts on the device;
+  - the buffer (decoding in fairseq): [R, h, capacity, G, d_k], step j's entry stays in the slot
+    (0..G-1) of the hypothesis that wrote it; ``slots`` [R, G, t] says which slot holds each
+    hypothesis's ancestor at each step, and :meth:`begin_step` turns it into the additive
+    attention mask that makes every hypothesis read its own history;
+  - concatenation (``concatenate=True``, G = 1; the exported programs): [N, h, t, d_k], one
+    concatenation per step, which ``torch.export`` traces for any t. :meth:`state` and
+    :meth:`from_state` turn a cache into a program's tensors and back.
+
+G is set once, when the cache is made, from the encoder output (:func:`reorder_encoder_out`
+records it when it expands every sentence into a beam). :meth:`reorder` takes the fast path for
+orders within beams (the rows and ``slots`` follow the order; ``sentences`` and ``entries`` move
+only when beams finish) and a general ``index_select`` path for any other order, after which the
+cache has one row per hypothesis (G = 1) for good. Neither path raises or asserts on the device;
 choosing between them reads one flag on the host, in the reorder, never in a decoder step.
 
-fairseq keeps the cache as one entry of its ``incremental_state``; :class:`BeamCacheDecoder`
-makes it at a decoding's first step and reorders it.
+fairseq keeps the cache as one entry of its ``incremental_state`` (:data:`IncrementalState`);
+:class:`BeamCacheDecoder` makes it at a decoding's first step and reorders it.
 """
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor
 
-EncoderOut = Dict[str, List[Tensor]]
-BEAM = "beam"  # the encoder output's record of G: a [N, G] tensor (values unused), reordered with the rest
+EncoderOut = Dict[str, List[Tensor]]  # every family's encoder output: name -> batch-first tensors
+BEAM_SIZE = "beam_size"  # an expansion's record of G in the encoder output (see reorder_encoder_out)
 CACHE = "beam_cache"  # the decoder's one incremental-state entry
 INITIAL_CAPACITY = 16  # decoding steps an entries buffer holds before it first doubles
 KINDS = ("rows", "sentences", "entries")
@@ -43,52 +50,74 @@ KINDS = ("rows", "sentences", "entries")
 
 def reorder_encoder_out(encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
     """fairseq's contract for batch-first encoder outputs: row n of every returned tensor is row
-    ``new_order[n]``. The first reorder of a fresh output also records G: the number of times
-    each row is repeated when ``new_order`` is beam search's expansion (each row G times,
-    consecutively; checked once per decoding), else 1. Later reorders record 1: their rows need
-    not be beams any more (a cache made before them already knows its G)."""
+    ``new_order[n]``. When ``new_order`` is beam search's expansion (each row G > 1 times,
+    consecutively) the output also records G, for the cache the decoder makes at its first step:
+    a [N, G] entry ``beam_size``, a view of one zero (no memory), which a later reorder drops (the
+    cache knows G by then; a cache made from rows in any other order has G = 1). Checking the
+    expansion reads the host once, and only for an order with more rows than the output (beam
+    search's first)."""
     reordered = {key: [t.index_select(0, new_order) for t in tensors]
-                 for key, tensors in encoder_out.items() if key != BEAM}
-    group = 1
-    if BEAM not in encoder_out:
-        rows = _num_rows(encoder_out)
-        if rows and new_order.numel() % rows == 0 and new_order.numel() > rows:
-            expansion = torch.arange(rows, device=new_order.device).repeat_interleave(new_order.numel() // rows)
-            group = new_order.numel() // rows if torch.equal(new_order, expansion) else 1
-    reordered[BEAM] = [torch.zeros(new_order.numel(), group, dtype=torch.uint8, device=new_order.device)]
+                 for key, tensors in encoder_out.items() if key != BEAM_SIZE}
+    rows, new_rows = _num_rows(encoder_out), new_order.numel()
+    if 0 < rows < new_rows and new_rows % rows == 0:
+        beam_size = new_rows // rows
+        expansion = torch.arange(rows, device=new_order.device).repeat_interleave(beam_size)
+        if torch.equal(new_order, expansion):
+            reordered[BEAM_SIZE] = [new_order.new_zeros((), dtype=torch.uint8).expand(new_rows, beam_size)]
     return reordered
 
 
 def _num_rows(encoder_out: EncoderOut) -> int:
-    return next((t.size(0) for tensors in encoder_out.values() for t in tensors), 0)
+    return next((t.size(0) for key, tensors in encoder_out.items() if key != BEAM_SIZE for t in tensors), 0)
 
 
-def get_cache(decoder, incremental_state) -> Optional["BeamCache"]:
+def get_cache(decoder, incremental_state: "IncrementalState") -> Optional["BeamCache"]:
     return decoder.get_incremental_state(incremental_state, CACHE)
 
 
-def put_cache(decoder, incremental_state, cache: "BeamCache") -> None:
+def put_cache(decoder, incremental_state: "IncrementalState", cache: "BeamCache") -> None:
     decoder.set_incremental_state(incremental_state, CACHE, cache)
 
 
 class BeamCache:
-    """The decoding state of one decoder for N hypotheses in beams of G (see the module doc)."""
+    """The decoding state of one decoder for N hypotheses in R beams of G (see the module doc).
+    ``kinds`` (name -> kind, in the state's order) and ``tensors`` (name -> tensor, as laid out)
+    are for reading; only the methods write them."""
 
-    def __init__(self, rows: int, beam: int = 1, device: Optional[torch.device] = None):
-        self.beam = beam  # G
+    def __init__(self, rows: int, beam_size: int = 1, device: Optional[torch.device] = None,
+                 concatenate: bool = False):
+        if concatenate and beam_size != 1:
+            raise ValueError(f"the concatenating layout has one row per hypothesis (beam_size 1), got {beam_size}")
+        self.beam_size = beam_size  # G
+        self.concatenate = concatenate  # entries grow by concatenation, [N, h, t, d_k]
         self.tensors: Dict[str, Tensor] = {}
         self.kinds: Dict[str, str] = {}  # name -> one of KINDS; insertion order is the state's order
-        self.slots = torch.empty(rows // beam, beam, 0, dtype=torch.long, device=device)  # [N / G, G, t]
+        self.slots = torch.empty(rows // beam_size, beam_size, 0, dtype=torch.long, device=device)  # [R, G, t]
         self.self_attn_mask: Optional[Tensor] = None  # this step's, from begin_step
         self._steps = 0
 
     @classmethod
     def for_encoder_out(cls, encoder_out: EncoderOut) -> "BeamCache":
-        """An empty cache for the rows of ``encoder_out``, in beams of the G its first reorder recorded."""
-        rows = _num_rows({k: v for k, v in encoder_out.items() if k != BEAM})
-        beam = encoder_out[BEAM][0].size(1) if encoder_out.get(BEAM) else 1
+        """An empty cache for the rows of ``encoder_out``, in beams of the G its reorder recorded."""
+        beam_size = encoder_out[BEAM_SIZE][0].size(1) if encoder_out.get(BEAM_SIZE) else 1
         device = next(t.device for tensors in encoder_out.values() for t in tensors)
-        return cls(rows, beam, device)
+        return cls(_num_rows(encoder_out), beam_size, device)
+
+    @classmethod
+    def from_state(cls, kinds: Dict[str, str], state: Sequence[Tensor]) -> "BeamCache":
+        """A concatenating cache holding ``state`` (tensors named and kinded by ``kinds``, in its
+        order, as :meth:`state` returns them): a program's inputs."""
+        cache = cls(state[0].size(0), 1, state[0].device, concatenate=True)
+        for (name, kind), tensor in zip(kinds.items(), state):
+            cache.tensors[name], cache.kinds[name] = tensor, kind
+        entries = cache.names("entries")
+        cache._steps = cache.tensors[entries[0]].size(2) if entries else 0  # symbolic when exported
+        return cache
+
+    def state(self) -> Tuple[Tensor, ...]:
+        """Every tensor as :meth:`get` reads it, in the state's order: for G = 1 (any layout) what
+        :meth:`from_state` takes back; a program's outputs."""
+        return tuple(self.get(name) for name in self.kinds)
 
     @property
     def steps(self) -> int:
@@ -100,21 +129,21 @@ class BeamCache:
     def per_sentence(self, encoder_out: EncoderOut) -> EncoderOut:
         """``encoder_out``'s rows standing for their beams (every G-th; all of them for G = 1):
         what ``sentences`` tensors are computed from."""
-        if self.beam == 1:
+        if self.beam_size == 1:
             return encoder_out
-        return {key: [t[::self.beam] for t in tensors] for key, tensors in encoder_out.items()}
+        return {key: [t[::self.beam_size] for t in tensors] for key, tensors in encoder_out.items()}
 
     def put(self, kind: str, name: str, tensor: Tensor) -> None:
-        """Stores ``tensor`` as ``rows`` [N, ...] or ``sentences`` [N / G, ...]."""
+        """Stores ``tensor`` as ``rows`` [N, ...] or ``sentences`` [R, ...]."""
         self.tensors[name], self.kinds[name] = tensor, kind
 
     def get(self, name: str) -> Tensor:
         """A stored tensor; for ``entries`` those written so far, as attention reads them:
-        [N / G, h, t·G, d_k], step-major and slot-minor along t·G."""
+        [R, h, t·G, d_k], step-major and slot-minor along t·G."""
         tensor = self.tensors[name]
-        if self.kinds[name] == "entries":
-            beams, heads, _, group, d_k = tensor.shape
-            return tensor[:, :, :self._steps].reshape(beams, heads, self._steps * group, d_k)
+        if self.kinds[name] == "entries" and not self.concatenate:
+            beams, heads, _, beam_size, d_k = tensor.shape
+            return tensor[:, :, :self._steps].reshape(beams, heads, self._steps * beam_size, d_k)
         return tensor
 
     def names(self, kind: Optional[str] = None) -> List[str]:
@@ -123,33 +152,38 @@ class BeamCache:
     def reserve(self, name: str, heads: int, d_k: int, like: Tensor) -> None:
         """Room for self-attention keys or values of ``heads`` × ``d_k`` per hypothesis and step."""
         self.kinds[name] = "entries"
-        self.tensors[name] = like.new_empty(self.slots.size(0), heads, INITIAL_CAPACITY, self.beam, d_k)
+        beams = self.slots.size(0)
+        self.tensors[name] = (like.new_zeros(beams, heads, 0, d_k) if self.concatenate
+                              else like.new_empty(beams, heads, INITIAL_CAPACITY, self.beam_size, d_k))
 
     def begin_step(self) -> Optional[Tensor]:
         """Advances the bookkeeping by one step, in which every hypothesis writes its own slot.
-        Sets and returns ``self_attn_mask``: additive [N / G, 1, G, (t+1)·G], 0 where a hypothesis
+        Sets and returns ``self_attn_mask``: additive [R, 1, G, (t+1)·G], 0 where a hypothesis
         reads an entry (its ancestors' and its own), -inf elsewhere; None for G = 1."""
         self._steps += 1
-        if self.beam == 1:
+        if self.beam_size == 1:
             self.self_attn_mask = None
             return None
-        beams, group = self.slots.size(0), self.beam
-        own = torch.arange(group, device=self.slots.device)
-        self.slots = torch.cat([self.slots, own.view(1, group, 1).expand(beams, group, 1)], dim=2)
-        reads = (self.slots.unsqueeze(3) == own).view(beams, 1, group, self._steps * group)
+        beams, beam_size = self.slots.size(0), self.beam_size
+        own = torch.arange(beam_size, device=self.slots.device)
+        self.slots = torch.cat([self.slots, own.view(1, beam_size, 1).expand(beams, beam_size, 1)], dim=2)
+        reads = (self.slots.unsqueeze(3) == own).view(beams, 1, beam_size, self._steps * beam_size)
         self.self_attn_mask = torch.zeros(reads.shape, device=reads.device).masked_fill_(~reads, float("-inf"))
         return self.self_attn_mask
 
     def append(self, name: str, new: Tensor) -> Tensor:
         """Writes this step's entries ``new`` [N, h, d_k] (after :meth:`begin_step`) and returns
         all entries so far as :meth:`get` does. The buffer doubles when full (amortised O(1))."""
+        if self.concatenate:
+            self.tensors[name] = torch.cat([self.tensors[name], new.unsqueeze(2)], dim=2)
+            return self.tensors[name]
         buf, t = self.tensors[name], self._steps - 1
-        beams, heads, capacity, group, d_k = buf.shape
+        beams, heads, capacity, beam_size, d_k = buf.shape
         if t == capacity:
-            bigger = buf.new_empty(beams, heads, 2 * capacity, group, d_k)
+            bigger = buf.new_empty(beams, heads, 2 * capacity, beam_size, d_k)
             bigger[:, :, :t] = buf
             self.tensors[name] = buf = bigger
-        buf[:, :, t] = new.view(beams, group, heads, d_k).transpose(1, 2)
+        buf[:, :, t] = new.view(beams, beam_size, heads, d_k).transpose(1, 2)
         return self.get(name)
 
     # ------------------------------------------------------------------ fairseq's reorder
@@ -157,7 +191,7 @@ class BeamCache:
     def reorder(self, new_order: Tensor) -> None:
         """Row n continues old row ``new_order[n]``, for any ``new_order``."""
         shared = [name for name, kind in self.kinds.items() if kind != "rows"]
-        if self.beam == 1 or not shared:
+        if self.beam_size == 1 or not shared:
             self._select_all(new_order)
             return
         within, moved = self._beam_pattern(new_order)
@@ -170,30 +204,32 @@ class BeamCache:
         """G = 1, or nothing shared (then the layout is G = 1's): every tensor is per hypothesis."""
         for name in self.kinds:
             self.tensors[name] = self.tensors[name].index_select(0, new_order)
-        self.beam = 1
+        self.beam_size = 1
         self.slots = self.slots.new_empty(new_order.numel(), 1, 0)
 
     def _beam_pattern(self, new_order: Tensor) -> Tuple[bool, bool]:
         """(every new beam's G rows continue rows of one old beam, and some beam finished or
-        moved): one read on the host, the only one of a decoding step."""
-        group, beams = self.beam, self.slots.size(0)
-        if new_order.numel() % group:
+        moved). The shapes decide what they can (rows that make no whole beams are not within
+        beams; another number of beams has moved); the rest is one read on the host, the only one
+        of a decoding step: a single ``torch.equal`` for beam search's usual order, every beam
+        continuing itself (docs/DECODING.md has its cost)."""
+        beam_size, beams = self.beam_size, self.slots.size(0)
+        if new_order.numel() % beam_size:
             return False, True
-        origin = new_order.view(-1, group) // group  # [R', G]: the old beam of every new row
-        within = (origin == origin[:, :1]).all()
-        if origin.size(0) != beams:
-            return bool(within), True
-        stay = (origin[:, 0] == torch.arange(beams, device=origin.device)).all()
-        within, stay = torch.stack([within, stay]).tolist()
-        return within, not stay
+        origin = new_order.view(-1, beam_size) // beam_size  # [R', G]: the old beam of every new row
+        if origin.size(0) == beams:
+            stay = torch.arange(beams, device=origin.device).unsqueeze(1).expand(beams, beam_size)
+            if torch.equal(origin, stay):
+                return True, False
+        return bool((origin == origin[:, :1]).all()), True
 
     def _reorder_within_beams(self, new_order: Tensor, moved: bool) -> None:
         """Fast path: the rows and ``slots`` follow the order; shared tensors select the beams
         that continue, and are not touched at all while no beam finished or moved."""
-        group, beams, steps = self.beam, self.slots.size(0), self._steps
-        self.slots = self.slots.reshape(beams * group, steps).index_select(0, new_order).view(
-            new_order.numel() // group, group, steps)
-        origin = new_order.view(-1, group)[:, 0] // group  # the old beam each new beam continues
+        beam_size, beams, steps = self.beam_size, self.slots.size(0), self._steps
+        self.slots = self.slots.reshape(beams * beam_size, steps).index_select(0, new_order).view(
+            new_order.numel() // beam_size, beam_size, steps)
+        origin = new_order.view(-1, beam_size)[:, 0] // beam_size  # the old beam each new beam continues
         for name, kind in self.kinds.items():
             if kind == "rows":
                 self.tensors[name] = self.tensors[name].index_select(0, new_order)
@@ -203,9 +239,9 @@ class BeamCache:
     def _flatten(self, new_order: Tensor) -> None:
         """General path: one row per hypothesis from now on (G = 1), each gathered from its old
         beam: ``sentences`` by beam, ``entries`` by beam and ancestor slot at every step."""
-        group, steps = self.beam, self._steps
-        beam_of = new_order // group
-        path = self.slots.reshape(self.slots.size(0) * group, steps).index_select(0, new_order)  # [N', t]: ancestors' slots
+        beam_size, steps = self.beam_size, self._steps
+        beam_of = new_order // beam_size
+        path = self.slots.reshape(self.slots.size(0) * beam_size, steps).index_select(0, new_order)  # [N', t]: ancestors' slots
         step = torch.arange(steps, device=new_order.device).unsqueeze(0)
         for name, kind in self.kinds.items():
             tensor = self.tensors[name]
@@ -219,8 +255,13 @@ class BeamCache:
                 ancestors = tensor[beam_of.unsqueeze(1), :, step, path]  # [N', t, h, d_k]
                 flat[:, :, :steps, 0] = ancestors.transpose(1, 2)
                 self.tensors[name] = flat
-        self.beam = 1
+        self.beam_size = 1
         self.slots = self.slots.new_empty(new_order.numel(), 1, 0)
+
+
+# fairseq's incremental_state as a BeamCacheDecoder fills it: its one BeamCache under
+# "<decoder's id>.beam_cache" (fairseq's own decoders keep Dict[str, Optional[Tensor]] there)
+IncrementalState = Dict[str, BeamCache]
 
 
 class BeamCacheDecoder(FairseqIncrementalDecoder):
@@ -231,7 +272,7 @@ class BeamCacheDecoder(FairseqIncrementalDecoder):
         """Puts what decoding reads into the empty ``cache`` (rows of ``encoder_out``)."""
         raise NotImplementedError
 
-    def decoding_cache(self, incremental_state, encoder_out: Optional[EncoderOut]) -> BeamCache:
+    def decoding_cache(self, incremental_state: IncrementalState, encoder_out: Optional[EncoderOut]) -> BeamCache:
         """The cache of this decoding, made from ``encoder_out`` at its first step."""
         cache = get_cache(self, incremental_state)
         if cache is None:
@@ -240,11 +281,11 @@ class BeamCacheDecoder(FairseqIncrementalDecoder):
             put_cache(self, incremental_state, cache)
         return cache
 
-    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """fairseq's contract: row n of the state now continues row ``new_order[n]`` (any order)."""
         cache = get_cache(self, incremental_state)
         if cache is not None:
             cache.reorder(new_order)
 
-    def reorder_incremental_state_scripting(self, incremental_state, new_order: Tensor):
+    def reorder_incremental_state_scripting(self, incremental_state: IncrementalState, new_order: Tensor):
         self.reorder_incremental_state(incremental_state, new_order)  # the cache is the whole state

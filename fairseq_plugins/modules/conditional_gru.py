@@ -18,7 +18,7 @@ class ConditionalGRUCell(nn.Module):
     Matrices ``W`` (3n × m, with the biases), ``C`` (3n × k), ``U_zr`` (2n × n), ``U``
     (n × n). ``W E y`` does not depend on ``s_{i-1}``: callers compute it with
     :meth:`project_input` for all steps at once under teacher forcing; :meth:`project_context`
-    gives ``C c_i``. Any leading dimensions (a beam's hypotheses: (N / G, G, ·)) broadcast.
+    gives ``C c_i``. Any leading dimensions (a beam's hypotheses: (R, G, ·)) broadcast.
     """
 
     def __init__(self, input_size: int, hidden_size: int, context_size: int):

@@ -14,12 +14,12 @@ one fused [2·d_model, kdim] matrix (``kv_proj``).
 
 Decoding step by step, both read and write a :class:`~fairseq_plugins.modules.beam_cache.BeamCache`:
 keys and values under :meth:`MultiheadAttention.cache_names` (from ``cache_name``, set by the
-decoder), heads first as attention reads them; :meth:`MultiheadAttention.start_cache` fills it. For G > 1 (the beam size when the decoder decodes beams, whose
-hypotheses share one source sentence) a beam's G rows attend together as one [h, G, d_k] query
-block:
+decoder), heads first as attention reads them; :meth:`MultiheadAttention.start_cache` fills it.
+For a beam size G > 1 (R = N / G beams, each of G hypotheses of one source sentence) a beam's G
+rows attend together as one [h, G, d_k] query block:
 
-- encoder–decoder: ``sentences`` [N / G, h, S, d_k] each, the decoder computes them once per beam;
-- self-attention: ``entries`` [N / G, h, t·G, d_k] each, read step-major and slot-minor through
+- encoder–decoder: ``sentences`` [R, h, S, d_k] each, the decoder computes them once per beam;
+- self-attention: ``entries`` [R, h, t·G, d_k] each, read step-major and slot-minor through
   the cache's additive ``self_attn_mask``.
 """
 from typing import Optional, Tuple
@@ -78,7 +78,7 @@ class MultiheadAttention(nn.Module):
         Args:
             query: [N, T, d_model].
             key: [N, S, kdim] encoder output (encoder–decoder attention without a cache).
-            attn_mask: bool [N / G, 1, 1, S], True where a key may be attended (G = 1 without
+            attn_mask: bool [R, 1, 1, S], True where a key may be attended (G = 1 without
                 a cache); self-attention with a cache reads the cache's ``self_attn_mask``.
             causal: mask future positions (decoder self-attention over a full sequence).
             cache: decoding step by step (T = 1): keys and values come from, and self-attention's
@@ -88,20 +88,20 @@ class MultiheadAttention(nn.Module):
             output [N, T, d_model] and the weights or None.
         """
         num_rows, tgt_len, _ = query.shape
-        group = 1 if cache is None else cache.beam
+        beam_size = 1 if cache is None else cache.beam_size
         if self.encoder_decoder_attention:
             q = self._split(self.q_proj(query), 1)[:, 0]  # Q W^Q: [N, h, T, d_k]
             if cache is None:
                 k, v = self.encoder_kv(key)
-            else:  # [N / G, h, S, d_k] each
+            else:  # [R, h, S, d_k] each
                 k, v = (cache.get(name) for name in self.cache_names())
         else:
             q, k, v = self._split(self.in_proj(query), 3).unbind(1)  # [N, h, T, d_k] each
-            if cache is not None:  # all entries so far: [N / G, h, (t+1)·G, d_k] each
+            if cache is not None:  # all entries so far: [R, h, (t+1)·G, d_k] each
                 k, v = (cache.append(name, new.squeeze(2)) for name, new in zip(self.cache_names(), (k, v)))
                 attn_mask = cache.self_attn_mask
-        if group > 1:  # a beam's rows become one query block: [N / G, h, G·T, d_k]
-            q = q.transpose(1, 2).reshape(-1, group * tgt_len, self.num_heads, self.d_k).transpose(1, 2)
+        if beam_size > 1:  # a beam's rows become one query block: [R, h, G·T, d_k]
+            q = q.transpose(1, 2).reshape(-1, beam_size * tgt_len, self.num_heads, self.d_k).transpose(1, 2)
         # the fused kernel takes dropout as a probability; FairseqDropout says when it applies
         drop = self.dropout_module
         dropout_p = drop.p if self.training or drop.apply_during_inference else 0.0
@@ -129,7 +129,7 @@ class MultiheadAttention(nn.Module):
 
     def start_cache(self, cache: BeamCache, encoder: Tensor) -> None:
         """Before the first step: encoder–decoder attention's keys and values of the encoder
-        output [N / G, S, kdim] (once per beam), or room for self-attention's."""
+        output [R, S, kdim] (once per beam), or room for self-attention's."""
         if self.encoder_decoder_attention:
             for name, tensor in zip(self.cache_names(), self.encoder_kv(encoder)):
                 cache.put("sentences", name, tensor)
