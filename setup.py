@@ -33,9 +33,10 @@ setup(
         # Upstream fairseq cannot be imported on Python >= 3.11; the fork can (same module).
         'fairseq==0.12.2; python_version < "3.11"',
         'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
-        # Users on GPU clusters bring their own CUDA build; tested on 2.7.0 and 2.13.0. 2.7 is the
-        # first with torch.compiler.is_exporting, which the models call (2.5.1 also lacks
-        # torch._higher_order_ops.scan: the suite does not import there).
+        # Users on GPU clusters bring their own CUDA build; tested on 2.7.0 and 2.13.0, the floor is
+        # the oldest tested: 2.5.1 lacks torch._higher_order_ops.scan (the suite does not import
+        # there); 2.6.0 failed on torch.compiler.is_exporting, which no model calls any more, and
+        # has not been tested since (docs/COMPATIBILITY.md).
         "torch>=2.7,<2.15",
         "sentencepiece>=0.1.99",
         "subword-nmt>=0.3.8",
