@@ -3,8 +3,8 @@
 Oracles, on the session's tiny trained models of every family: the fairseq model's own full
 forward (log-probabilities within 1e-4, batches padded differently, one token at a time through
 the exported state), and ``fairseq-generate --beam 4 [--print-alignment soft]`` on 100 test
-sentences (the runtime's hypotheses, scores within 1e-4 and alignments within 1e-4; the one
-difference allowed is a hypothesis that reaches the length limit).
+sentences (the runtime's hypotheses, scores within 1e-4 and alignments within 1e-4, on at least 98
+of them; the one difference allowed is a near tie of two hypotheses both cut at the length limit).
 """
 import contextlib
 import functools
@@ -189,27 +189,36 @@ def test_log_probs_equal_the_fairseq_models(family, folders, generation_models, 
                                                err_msg=f"{family}: sentence {i}, step {t}, batch {group}")
 
 
+# measured 2026-12-03 (AMD EPYC, 2 cores): 100/100 for every family; the floor leaves room for a near tie
+# of two runaway hypotheses at the length limit, which another CPU's kernels may break the other way
+IDENTICAL = 98
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_beam_search_equals_fairseq_generate(family, folders, generated):
+    """At least IDENTICAL of the 100 hypotheses equal fairseq-generate's, with its score and
+    alignment; any other is a near tie of two runaway hypotheses: both cut at the length limit,
+    scores within 1e-3 nats (a runtime that never ends, or ends too soon, fails)."""
     expected = generated[family]
     ids = sorted(expected)
     assert len(ids) == 100
     results = Translator(folders[family]).translate([expected[i][0].split() for i in ids], beam=4)
-    differences = 0
+    identical = 0
     for i, hypos in zip(ids, results):
         source, hypothesis, score, alignment = expected[i]
         best = hypos[0]
-        if " ".join(best.tokens) != hypothesis:  # the one difference allowed: a runaway hypothesis cut at the limit
-            differences += 1
-            assert MAX_LEN in (len(best.tokens), len(hypothesis.split())), \
-                f"{family}: sentence {i} differs before the length limit: {best.tokens} vs {hypothesis}"
+        if " ".join(best.tokens) != hypothesis:
+            assert len(best.tokens) == len(hypothesis.split()) == MAX_LEN and best.score == pytest.approx(
+                score, abs=1e-3), \
+                f"{family}: sentence {i}: {len(best.tokens)} tokens ({best.score:.4f}) vs {hypothesis!r} ({score:.4f})"
             continue
+        identical += 1
         assert best.score == pytest.approx(score, abs=1e-4), f"{family}: sentence {i}"
         assert (best.attention is not None) == (family in ATTENTION)
         if alignment is not None:  # one row per target token, </s> included, over the source with </s>
             np.testing.assert_allclose(np.array(best.attention), np.array(alignment), atol=1e-4, rtol=0,
                                        err_msg=f"{family}: sentence {i}")
-    print(f"{family}: {100 - differences}/100 identical")
+    assert identical >= IDENTICAL, f"{family}: {identical}/100 identical"
 
 
 def test_runtime_needs_neither_torch_nor_fairseq(folders, generated):
@@ -238,8 +247,8 @@ def test_int8_keeps_hypotheses_and_bleu(family, folders, generation_models, gene
         hyps[name] = [" ".join(h[0].tokens) for h in Translator(folder).translate(sources, beam=4)]
     same = sum(a == b for a, b in zip(hyps["float32"], hyps["int8"]))
     bleu = {name: BLEU().corpus_score(h, [[refs[i] for i in ids]]).score for name, h in hyps.items()}
-    print(f"{family} int8: {same}/100 hypotheses as float32; BLEU {bleu['float32']:.2f} -> {bleu['int8']:.2f}")
-    assert same >= 90, (same, bleu)
+    # docs/ONNX.md's bounds: >= 90/100 hypotheses as float32's, BLEU within 0.3 (CTranslate2's bound)
+    assert same >= 90 and abs(bleu["int8"] - bleu["float32"]) <= 0.3, (same, bleu)
 
 
 def _refused(args, fragment, capsys):
