@@ -7,12 +7,14 @@
 #   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
 #
 # It mutates a throw-away git worktree of HEAD (with MUTATION_UNCOMMITTED=1, plus this checkout's
-# uncommitted changes to tracked files; untracked files are never carried), never this checkout, so other runs here are unaffected and nothing is left mutated. The tests run
-# there with PYTHONPATH at that worktree: pytest, and every fairseq-train/-generate they start
-# (--user-dir is taken from the imported fairseq_plugins), import the mutated file; checked before
-# the first mutant. Results: work/mutation/<module>.{sqlite,txt} (MUTATION_OUT), with the diff of
-# each survivor. The tool lives in its own venv (MUTATION_VENV, default .venv-mutation), the suite's
-# .venv (scripts/setup_env.sh) runs the tests. A mutant gets 3x the unmutated tests' time + 60 s.
+# uncommitted changes to tracked files; untracked files are never carried), never this checkout,
+# so other runs here are unaffected and nothing is left mutated. The tests run there with
+# PYTHONPATH at that worktree: pytest, and every fairseq-train/-generate they start (--user-dir
+# is taken from the imported fairseq_plugins), import the mutated file; checked before the first
+# mutant. A mutant gets 3x the unmutated tests' time + 60 s. Results: work/mutation/<module>.
+# {sqlite,txt} (MUTATION_OUT), with each survivor's diff; MUTATION_RESUME=1 goes on with the
+# mutants an interrupted run left. The tool has its own venv (MUTATION_VENV, default
+# .venv-mutation); the suite's .venv (scripts/setup_env.sh) runs the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -100,10 +102,12 @@ exclude-operators = ["core/ReplaceBinaryOperator_.*_(BitOr|BitAnd|BitXor|LShift|
 EOF
     unmutated=$(sha1sum < "$WT/$path")
     session=$OUT/$name.sqlite
-    rm -f "$session"
-    (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" init "$config" "$session" &&
-        "$TOOL_VENV/bin/cr-filter-operators" "$session" "$config" &&
-        "$TOOL_VENV/bin/cosmic-ray" exec "$config" "$session")
+    if [ "${MUTATION_RESUME:-0}" != 1 ] || [ ! -f "$session" ]; then  # MUTATION_RESUME=1: the mutants not run yet
+        rm -f "$session"
+        (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" init "$config" "$session" &&
+            "$TOOL_VENV/bin/cr-filter-operators" "$session" "$config")
+    fi
+    (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" exec "$config" "$session")
     "$TOOL_VENV/bin/cosmic-ray" dump "$session" | "$PY" "$REPO/scripts/mutation_summary.py" "$module" | tee "$OUT/$name.txt"
     [ "$(sha1sum < "$WT/$path")" = "$unmutated" ] || { echo "error: $path was left mutated in the worktree" >&2; exit 1; }
 done

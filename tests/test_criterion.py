@@ -6,6 +6,7 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from fairseq.data import Dictionary
 
+from fairseq_plugins.criterions import label_smoothed_xent as label_smoothed_xent_module
 from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion, label_smoothed_xent
 from fairseq_plugins.errors import ConfigError
 
@@ -135,3 +136,30 @@ def test_loss_of_suite_and_builtin_models_is_that_of_the_log_softmax_of_their_lo
     lprobs = torch.log_softmax(logits, dim=-1).view(-1, logits.size(-1))
     ref_loss, ref_nll = label_smoothed_xent(lprobs, sample["target"].view(-1), 0.1, DICT.pad())
     assert torch.equal(loss, ref_loss) and torch.equal(log["nll_loss"], ref_nll)
+
+
+def test_logged_metrics_equal_fairseqs_over_two_workers():
+    """What fairseq-train prints (loss and nll_loss in base 2, ppl, accuracy), reduced from two batches' logging
+    outputs as from two workers: fairseq's label_smoothed_cross_entropy, given its own outputs, is the oracle."""
+    from fairseq import metrics
+
+    def reduced(criterion_class, outputs):
+        with metrics.aggregate(new_root=True) as agg:
+            criterion_class.reduce_metrics(outputs)
+            return agg.get_smoothed_values()
+
+    ours_out, theirs_out = [], []
+    for seed in (3, 4):
+        d, logits, sample = make_batch(seed=seed)
+        ours_out.append(LabelSmoothedXentCriterion(Task(d), 0.1, report_accuracy=True)(FixedLogits(logits), sample)[2])
+        theirs_out.append(LabelSmoothedCrossEntropyCriterion(Task(d), sentence_avg=False, label_smoothing=0.1,
+                                                             report_accuracy=True)(FixedLogits(logits), sample)[2])
+    ours, theirs = reduced(LabelSmoothedXentCriterion, ours_out), reduced(LabelSmoothedCrossEntropyCriterion, theirs_out)
+    assert 0 < theirs["accuracy"] < 100 and theirs["nll_loss"] > 0  # the numbers are not degenerate
+    for key in ("loss", "nll_loss", "ppl", "accuracy", "n_correct", "total"):
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-3), key
+
+
+def test_autocast_bf16_on_another_device_is_one_line():
+    with pytest.raises(ConfigError, match=r"^--autocast-bf16: runs on cpu or cuda devices, not on mps$"):
+        label_smoothed_xent_module._check_native_bf16("mps")
