@@ -8,7 +8,7 @@ from torch import Tensor
 
 
 class _AlignmentEnergies(torch.autograd.Function):
-    """``e_gij = v_aᵀ tanh(W_a s_gi + U_a h_gj)`` for every query i of group g and annotation j.
+    """``e_gij = v_aᵀ tanh(W_a s_gi + U_a h_gj)`` for every query i of beam g and annotation j.
 
     Autograd would keep ``tanh(·)`` (bsz·G·src_len·n' floats) of every decoder step for the
     backward pass; this keeps only the inputs (``W_a s``: bsz·G·n') and recomputes the tanh
@@ -74,10 +74,10 @@ class AdditiveAttention(nn.Module):
         Returns:
             c_i: (bsz, [G,] 2n) context vectors; α_i: (bsz, [G,] src_len) alignment weights.
         """
-        grouped = s_prev.dim() == 3
-        W_a_s = self.W_a(s_prev if grouped else s_prev.unsqueeze(1))  # (bsz, G, n')
+        per_beam = s_prev.dim() == 3  # G queries per sentence
+        W_a_s = self.W_a(s_prev if per_beam else s_prev.unsqueeze(1))  # (bsz, G, n')
         e = _AlignmentEnergies.apply(W_a_s, U_a_h, self.v_a.weight.view(-1))  # e_ij: (bsz, G, src_len)
         e = e.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         alpha = F.softmax(e, dim=2)  # α_ij = exp(e_ij) / Σ_k exp(e_ik)
         c = torch.bmm(alpha.to(h.dtype), h)  # c_i = Σ_j α_ij h_j: (bsz, G, 2n)
-        return (c, alpha) if grouped else (c.squeeze(1), alpha.squeeze(1))
+        return (c, alpha) if per_beam else (c.squeeze(1), alpha.squeeze(1))

@@ -98,7 +98,7 @@ class TransformerDecoderLayer(_Layer):
         """
         x: [N, T, d_model] (T = 1 when decoding step by step with ``cache``);
         encoder_out: [N, S, d_encoder] (None with a cache: it holds the encoder keys/values);
-        encoder_attn_mask: bool [N / G, 1, 1, S] or None.
+        encoder_attn_mask: bool [R, 1, 1, S] (R beams) or None.
         Returns x and, with ``need_attn``, the encoder–decoder attention [N, T, S].
         """
         y, _ = self.self_attn(self._input(x, self.self_attn_layer_norm),
