@@ -11,6 +11,7 @@ import torch
 
 from fairseq_plugins.analysis.report import markdown_table
 from fairseq_plugins.benchmarks.presets import MODELS, length_limits
+from fairseq_plugins.hardware import describe_cpu
 
 # The suite's performance targets, ours / built-in at the cpu preset in fp32, by row: (ratio,
 # "min" or "max"). The Transformer's training target was 1.15x until fp32 training proved
@@ -129,7 +130,7 @@ def describe_run(args, seconds: float, hardware: str = "") -> List[str]:
     """The report's first lines: date, machine and its load, software, command."""
     return [
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}; run took {seconds / 60:.1f} min",
-        f"- machine: {_cpu_model()}, {os.cpu_count()} cores{hardware}; {platform.platform()}; load average at "
+        f"- machine: {describe_cpu()}, {os.cpu_count()} cores{hardware}; {platform.platform()}; load average at "
         f"start/end {args.load_at_start:.1f}/{os.getloadavg()[0]:.1f} (other processes share the machine)",
         f"- software: Python {platform.python_version()}, torch {torch.__version__}, fairseq {fairseq.__version__}",
         f"- command: `{' '.join(sys.argv)}`",
@@ -153,17 +154,6 @@ def engine_table(rows: List[Dict]) -> str:
     return markdown_table(["model", "threads", "engine", "sentences/s (median)", "per repeat", "vs fairseq",
                            "sentences per CPU-second (median)", "per repeat", "vs fairseq", "BLEU",
                            "hypotheses = fairseq's"], table)
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def write_report(report: str, out=None):

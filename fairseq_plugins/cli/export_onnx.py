@@ -2,6 +2,7 @@
 [--bpe-codes FILE | --sentencepiece-model FILE] [--beam N --lenpen P --max-len-b N]"""
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.hardware import cpu_flags, int8_note
 
 
 def get_parser() -> ArgumentParser:
@@ -41,6 +42,8 @@ def body(args):
            bpe_codes=args.bpe_codes, sentencepiece_model=args.sentencepiece_model, beam=args.beam,
            lenpen=args.lenpen, max_len_b=args.max_len_b)
     print(f"wrote {args.out_dir} ({args.quantize or 'float32'})")
+    if args.quantize:
+        print(f"note: {int8_note(cpu_flags())}")
 
 
 def main(argv=None):
