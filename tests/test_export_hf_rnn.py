@@ -308,3 +308,44 @@ def test_pipeline_on_raw_text_gives_the_suite_route_strings(generation_models, b
         model_dir = export_folder(generation_models[family], str(tmp_path / family), beam=4)
         translate = pipeline("translation", model=model_dir, trust_remote_code=True)  # the README's lines
         assert [r["translation_text"] for r in translate(lines)] == detok.read_text(encoding="utf-8").splitlines()
+
+
+def test_the_shipped_layers_equal_fairseq_plugins_modules_on_random_weights():
+    """fairseq_rnn_layers.py (shipped in the folder, torch alone) against the originals it copies:
+    the papers' GRU (both directions, padding on either side; the training loop and the
+    generation scan), the additive attention, the conditional GRU cell, the source reversal."""
+    from fairseq_plugins.export.hf import fairseq_rnn_layers as shipped
+    from fairseq_plugins.models.seq2seq_lstm import reverse_source_tokens
+    from fairseq_plugins.modules.additive_attention import AdditiveAttention
+    from fairseq_plugins.modules.conditional_gru import ConditionalGRUCell
+    from fairseq_plugins.modules.gru import GRU
+
+    def same_weights(copy, original):
+        for p in original.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+        copy.load_state_dict(original.state_dict())  # the same names, or this fails
+        return copy, original
+
+    g = torch.Generator().manual_seed(7)
+    padding = torch.zeros(4, 9, dtype=torch.bool)
+    padding[0, :3] = padding[1, 6:] = True  # left, right, none
+    for directions in (1, 2):
+        copy, original = same_weights(shipped.PaperGRU(5, 6, directions), GRU(5, 6, bidirectional=directions == 2))
+        x = torch.randn(4, 9, 5, generator=g)
+        for grad in (True, False):  # the loop (training) and the scan (generation)
+            with torch.set_grad_enabled(grad):
+                for got, expected in zip(copy(x, padding), original(x, padding)):
+                    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    copy, original = same_weights(shipped.AdditiveAttention(6, 10, 7), AdditiveAttention(6, 10, 7))
+    s, h = torch.randn(4, 6, generator=g), torch.randn(4, 9, 10, generator=g)
+    with torch.no_grad():
+        for got, expected in zip(copy(s, copy.U_a(h), h, padding), original(s, original.U_a(h), h, padding)):
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    copy, original = same_weights(shipped.ConditionalGRUCell(5, 6, 10), ConditionalGRUCell(5, 6, 10))
+    W_Ey, C_c, s = torch.randn(4, 18, generator=g), torch.randn(4, 18, generator=g), torch.randn(4, 6, generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(copy(W_Ey, C_c, s), original(W_Ey, C_c, s), rtol=1e-6, atol=1e-6)
+    tokens = torch.randint(4, 30, (4, 9), generator=g).masked_fill(padding, 1)
+    tokens[0, -1] = tokens[1, 5] = tokens[2, -1] = 2  # </s> ends a sentence (the last has none)
+    words = tokens.ne(1) & tokens.ne(2)
+    assert torch.equal(shipped.reverse_words(tokens, words), reverse_source_tokens(tokens, pad=1, eos=2))

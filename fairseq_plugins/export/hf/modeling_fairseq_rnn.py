@@ -2,9 +2,10 @@
 (Bahdanau et al. 2015), ``rnnencdec`` (Cho et al. 2014a, as Bahdanau et al. train it) and
 ``seq2seq_lstm`` (Sutskever et al. 2014).
 
-This file ships inside every exported folder and is loaded with ``trust_remote_code=True``; it
-imports torch and transformers only (no fairseq). Parameter names are fairseq-plugins' own, so a
-checkpoint's weights load unchanged, and the functions are the same:
+This file ships inside every exported folder, with the layers it imports
+(``fairseq_rnn_layers.py``), and is loaded with ``trust_remote_code=True``; both import torch and
+transformers only (no fairseq). Parameter names are fairseq-plugins' own, so a checkpoint's
+weights load unchanged, and the functions are the same:
 
 * the papers' GRU, ``h̃_j = tanh(W x_j + U [r_j ∘ h_{j-1}])`` (``torch.nn.GRU`` puts the reset
   gate after ``U``), its state carried unchanged over padding on either side;
@@ -20,7 +21,7 @@ Generation: the recurrent state (and RNNsearch's annotations and ``U_a h_j``) is
 :class:`RecurrentState`, made by ``forward`` and reordered for beams by ``reorder_cache``.
 """
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,8 @@ from transformers import GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import ModelOutput
+
+from .fairseq_rnn_layers import AdditiveAttention, BatchedLinear, ConditionalGRUCell, PaperGRU, reverse_words
 
 FAMILIES = ("rnnsearch", "rnnencdec", "seq2seq_lstm")
 
@@ -108,52 +111,6 @@ class RecurrentState:
         return f"RecurrentState({', '.join(f'{k}: {tuple(v.shape)}' for k, v in self.tensors.items())})"
 
 
-class BatchedLinear(nn.Module):
-    """One weight (out × in) per direction: ``weight`` (directions, out, in)."""
-
-    def __init__(self, directions: int, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(directions, out_features, in_features))
-
-
-class PaperGRU(nn.Module):
-    """One layer of the papers' GRU, one or two directions; rows stacked as [z; r; candidate]::
-
-        z_j = σ(W_z x_j + U_z h_{j-1}),  r_j = σ(W_r x_j + U_r h_{j-1})
-        h̃_j = tanh(W x_j + U [r_j ∘ h_{j-1}]),  h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h̃_j
-    """
-
-    def __init__(self, input_size: int, hidden_size: int, directions: int):
-        super().__init__()
-        self.hidden_size, self.directions = hidden_size, directions
-        self.W = nn.Linear(input_size, directions * 3 * hidden_size)  # [W_z; W_r; W] x + b per direction
-        self.U_zr = BatchedLinear(directions, hidden_size, 2 * hidden_size)
-        self.U = BatchedLinear(directions, hidden_size, hidden_size)
-
-    def forward(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
-        """x (B, S, in), padding_mask (B, S) -> outputs (B, S, D·n), zero at padding, and the final
-        state of each direction (D, B, n): ``→h_T`` and ``←h_1``."""
-        B, S, _ = x.shape
-        n = self.hidden_size
-        Wx = self.W(x).view(B, S, self.directions, 3 * n)
-        keep = (~padding_mask).unsqueeze(2)  # (B, S, 1)
-        outputs, finals = [], []
-        for d in range(self.directions):  # d = 1 reads right to left
-            U_zr, U = self.U_zr.weight[d], self.U.weight[d]
-            h = x.new_zeros(B, n)  # h_0 = 0
-            states: List[Optional[Tensor]] = [None] * S
-            for j in (range(S) if d == 0 else reversed(range(S))):
-                x_j = Wx[:, j, d]
-                z, r = torch.sigmoid(x_j[:, : 2 * n] + h @ U_zr.t()).chunk(2, dim=1)
-                h_tilde = torch.tanh(x_j[:, 2 * n:] + (r * h) @ U.t())
-                h = torch.where(keep[:, j], (1 - z) * h + z * h_tilde, h)  # padding keeps h_{j-1}
-                states[j] = h
-            outputs.append(torch.stack(states, dim=1))
-            finals.append(h)
-        out = torch.cat(outputs, dim=2).masked_fill(padding_mask.unsqueeze(2), 0.0)
-        return out, torch.stack(finals)
-
-
 class GRUEncoder(nn.Module):
     """Embedding, then ``encoder_layers`` GRU layers (dropout between): bidirectional for
     rnnsearch (annotations and ``←h_1``), one direction and ``c = tanh(V h_T)`` for rnnencdec."""
@@ -185,48 +142,12 @@ class GRUEncoder(nn.Module):
         return FairseqRNNEncoderOutput(last_hidden_state=c.unsqueeze(1), padding_mask=padding_mask, initial_input=c)
 
 
-class AdditiveAttention(nn.Module):
-    """``e_ij = v_aᵀ tanh(W_a s_{i-1} + U_a h_j)``, ``α_i = softmax(e_i)``, ``c_i = Σ_j α_ij h_j``
-    (``U_a``'s bias is the alignment MLP's)."""
-
-    def __init__(self, query_size: int, annotation_size: int, hidden_size: int):
-        super().__init__()
-        self.W_a = nn.Linear(query_size, hidden_size, bias=False)
-        self.U_a = nn.Linear(annotation_size, hidden_size)
-        self.v_a = nn.Linear(hidden_size, 1, bias=False)
-
-    def forward(self, s_prev: Tensor, U_a_h: Tensor, h: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
-        """s_prev (B, n), U_a_h (B, S, n'), h (B, S, 2n), padding_mask (B, S) -> c (B, 2n), α (B, S)."""
-        e = self.v_a(torch.tanh(self.W_a(s_prev).unsqueeze(1) + U_a_h)).squeeze(2)
-        alpha = F.softmax(e.masked_fill(padding_mask, float("-inf")), dim=1)
-        return torch.bmm(alpha.unsqueeze(1), h).squeeze(1), alpha
-
-
 class AttentionContext(nn.Module):
     """Holds the alignment model under the name fairseq-plugins gives it (``decoder.context.attention``)."""
 
     def __init__(self, query_size: int, annotation_size: int, hidden_size: int):
         super().__init__()
         self.attention = AdditiveAttention(query_size, annotation_size, hidden_size)
-
-
-class ConditionalGRUCell(nn.Module):
-    """``s_i`` from ``W E y_{i-1}`` (with the bias), ``C c_i`` and ``s_{i-1}``: the GRU above whose
-    gates and candidate also see the context (Bahdanau et al., appendix A.2.2)."""
-
-    def __init__(self, input_size: int, hidden_size: int, context_size: int):
-        super().__init__()
-        self.W = nn.Linear(input_size, 3 * hidden_size)
-        self.C = nn.Linear(context_size, 3 * hidden_size, bias=False)
-        self.U_zr = nn.Linear(hidden_size, 2 * hidden_size, bias=False)
-        self.U = nn.Linear(hidden_size, hidden_size, bias=False)
-
-    def forward(self, W_Ey: Tensor, C_c: Tensor, s_prev: Tensor) -> Tensor:
-        x = W_Ey + C_c  # (B, 3n)
-        n = s_prev.size(1)
-        z, r = torch.sigmoid(x[:, : 2 * n] + self.U_zr(s_prev)).chunk(2, dim=1)
-        s_tilde = torch.tanh(x[:, 2 * n:] + self.U(r * s_prev))
-        return (1 - z) * s_prev + z * s_tilde
 
 
 class ConditionalGRUDecoder(nn.Module):
@@ -285,14 +206,6 @@ class ConditionalGRUDecoder(nn.Module):
 def padding_mask_of(input_ids: Tensor, attention_mask: Optional[Tensor], pad: int) -> Tensor:
     """(B, S) True at padding: from ``attention_mask`` when given, else where ``input_ids`` is pad."""
     return input_ids.eq(pad) if attention_mask is None else attention_mask.eq(0)
-
-
-def reverse_words(tokens: Tensor, words: Tensor) -> Tensor:
-    """Each row's words (``words`` True) in reverse order; other positions (padding, ``</s>``) stay."""
-    n = words.sum(dim=1, keepdim=True)
-    first = words.to(torch.uint8).argmax(dim=1, keepdim=True)  # position of the first word
-    positions = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
-    return tokens.gather(1, torch.where(words, 2 * first + n - 1 - positions, positions))
 
 
 class LSTMEncoder(nn.Module):

@@ -2,8 +2,8 @@
 ``seq2seq_lstm`` (the family writer of :mod:`fairseq_plugins.export.hf`).
 
 transformers has no such classes, so the folder ships their model code,
-:mod:`.modeling_fairseq_rnn` (torch and transformers only), loaded with
-``trust_remote_code=True`` through ``auto_map``. Its parameters carry fairseq-plugins' names,
+:mod:`.modeling_fairseq_rnn` and the layers it imports, :mod:`.fairseq_rnn_layers` (torch and
+transformers only), loaded with ``trust_remote_code=True`` through ``auto_map``. Its parameters carry fairseq-plugins' names,
 so the weights are the checkpoint's state dict unchanged (as float32). Sizes and options are
 read from the built fairseq model's modules, i.e. what it computes, not from the flags.
 """
@@ -16,12 +16,14 @@ from safetensors.torch import save_file
 from torch import nn
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.export.hf import fairseq_rnn_layers as layers
 from fairseq_plugins.export.hf import modeling_fairseq_rnn as modeling
 from fairseq_plugins.models.rnnencdec import RNNencdecModel
 from fairseq_plugins.models.rnnsearch import RNNsearchModel
 from fairseq_plugins.models.seq2seq_lstm import Seq2SeqLSTMModel
 
 MODELING_FILE = "modeling_fairseq_rnn.py"
+LAYERS_FILE = "fairseq_rnn_layers.py"  # imported by the modeling file: copied beside it
 AUTO_MAP = {
     "AutoConfig": "modeling_fairseq_rnn.FairseqRNNConfig",
     "AutoModelForSeq2SeqLM": "modeling_fairseq_rnn.FairseqRNNForConditionalGeneration",
@@ -102,9 +104,10 @@ def check_supported(model) -> None:
 
 
 def write_model(model, out_dir: str) -> None:
-    """``config.json`` (with ``auto_map``), ``model.safetensors`` and the modeling file in ``out_dir``."""
+    """``config.json`` (with ``auto_map``), ``model.safetensors`` and the model code in ``out_dir``."""
     check_supported(model)
     _config(model).save_pretrained(out_dir)
     weights = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(weights, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    shutil.copyfile(modeling.__file__, os.path.join(out_dir, MODELING_FILE))
+    for module, name in ((modeling, MODELING_FILE), (layers, LAYERS_FILE)):
+        shutil.copyfile(module.__file__, os.path.join(out_dir, name))
