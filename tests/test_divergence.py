@@ -9,6 +9,7 @@ to the reference by restarting it there with --lr 0.002 x 0.5).
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -60,7 +61,9 @@ ROLLED_BACK = re.compile(r"update (\d+): the gradient norm is not finite; rolled
 def test_two_workers_roll_back_a_poisoned_update_and_end_as_a_run_without_it(data_bin, tmp_path):
     """2 workers x --update-freq 1 with --on-divergence rollback; the reference is 1 process x
     --update-freq 2 (the same global batches, bit-equal: tests/test_cluster.py) that never trains
-    the update holding the poisoned sentence, with lr 0.001 from that update on."""
+    the update holding the poisoned sentence, with lr 0.001 from that update on: bit-equal weights
+    (0.002 x 0.5 is exactly 0.001 in binary floating point). Then the rolled-back run killed after
+    the rollback and resumed (the lr scale from its checkpoint) ends bit-equal to the run not killed."""
     save = str(tmp_path / "rollback")
     runs = train([*flags(data_bin, save), "--on-divergence", "rollback"], workers=2, env={"PROBE_POISON": POISON})
     assert [code for code, _ in runs] == [0, 0], runs[0][1][-3000:] + runs[1][1][-3000:]
@@ -83,8 +86,23 @@ def test_two_workers_roll_back_a_poisoned_update_and_end_as_a_run_without_it(dat
     for name in a["model"]:
         assert torch.isfinite(b["model"][name]).all(), name
         diff = (a["model"][name] - b["model"][name]).abs().max().item()
-        assert diff <= 1e-6, f"{name}: max |difference| {diff}"
+        assert torch.equal(a["model"][name], b["model"][name]), f"{name}: max |difference| {diff}"
     assert b["extra_state"]["divergence"] == {"lr_scale": 0.5, "rollbacks": 1}
+
+    # The same run killed right after the save of the first update past the rollback, and resumed with
+    # its command: the lr scale comes back from the checkpoint, so it ends as the uninterrupted run.
+    killed = str(tmp_path / "killed")
+    args = [*flags(data_bin, killed), "--on-divergence", "rollback", "--save-interval-updates", 1]
+    runs = train(args, workers=2, env={"PROBE_POISON": POISON, "PROBE_KILL_AFTER": str(update)})
+    assert [code for code, _ in runs] == [-signal.SIGKILL] * 2 and len(ROLLED_BACK.findall(runs[0][1])) == 1, \
+        runs[0][1][-3000:]
+    runs = train(args, workers=2, env={"PROBE_POISON": POISON})
+    assert [code for code, _ in runs] == [0, 0] and f"@ {update} updates)" in runs[0][1], runs[0][1][-3000:]
+    c = load_state(os.path.join(killed, "checkpoint_last.pt"))
+    assert num_updates(c) == TOTAL
+    for name in b["model"]:
+        diff = (b["model"][name] - c["model"][name]).abs().max().item()
+        assert torch.equal(b["model"][name], c["model"][name]), f"{name}: max |difference| {diff}"
 
 
 def report(out):
