@@ -4,9 +4,12 @@ Oracles: (1) under random reorders (beam search's pattern, finished beams droppe
 moved, rows taken across sentences, duplicated, dropped) every step's log-probabilities and
 alignments equal a full forward pass of the reordered prefixes; (2) fairseq's own generator
 gives the same hypotheses, scores and alignments with the models as with wrappers that keep no
-incremental state (fairseq then recomputes the full forward each step), for every search
-option fairseq-generate offers; (3) no reorder raises, and the beam layout's fast path moves
-no cache entry.
+incremental state (fairseq then recomputes the full forward each step) and reorder the encoder
+output by fairseq's contract written out here, for every search option fairseq-generate offers,
+and with sentences that end at different steps and leave the batch; (3) no reorder raises, and
+the beam layout's fast path moves no cache entry. fairseq's generator only ever reorders within
+each sentence's beam (finished sentences drop out, the others move up), so the path for orders
+across sentences is (1)'s.
 """
 import argparse
 
@@ -14,7 +17,8 @@ import pytest
 import torch
 from fairseq import search
 from fairseq.data import Dictionary
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, FairseqDecoder, FairseqEncoderDecoderModel
+from fairseq.models import (ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY, FairseqDecoder, FairseqEncoder,
+                            FairseqEncoderDecoderModel)
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
 from fairseq.token_generation_constraints import pack_constraints
 
@@ -188,9 +192,65 @@ class NoStateDecoder(FairseqDecoder):
         return self.inner.max_positions()
 
 
+class PlainReorderEncoder(FairseqEncoder):
+    """The model's encoder whose output is reordered by fairseq's contract written out here (every
+    tensor's row n is row ``new_order[n]``), not by the suite's ``reorder_encoder_out``, which
+    also records the beam layout the cache is made from."""
+
+    def __init__(self, encoder):
+        super().__init__(encoder.dictionary)
+        self.inner = encoder
+
+    def forward(self, src_tokens, src_lengths=None, **unused):
+        return self.inner(src_tokens, src_lengths)
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        return {key: [t.index_select(0, new_order) for t in tensors] for key, tensors in encoder_out.items()}
+
+    def max_positions(self):
+        return self.inner.max_positions()
+
+
 def no_state(model):
-    wrapped = FairseqEncoderDecoderModel(model.encoder, NoStateDecoder(model.decoder))
+    wrapped = FairseqEncoderDecoderModel(PlainReorderEncoder(model.encoder), NoStateDecoder(model.decoder))
     return wrapped.eval()
+
+
+# Raises of the </s> logit tried in turn (with "ends") until sentences end at different steps
+EOS_BIASES = (0.5, 1.0, 1.5, 2.0, 3.0)
+
+
+def raise_eos(model, bias):
+    """Adds ``bias`` to the </s> logit of the model's output layer (shared by its no-state wrapper)."""
+    [layer] = [m for m in model.decoder.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(DICT)]
+    eos = torch.zeros(len(DICT))
+    eos[DICT.eos()] = bias
+    layer.register_forward_hook(lambda module, inputs, output: output + eos)
+
+
+def ending_model(arch, options, src):
+    """build(arch) with its </s> logit raised by the first of EOS_BIASES under which fairseq's
+    generator drops finished sentences from the batch while the others decode on."""
+    for bias in EOS_BIASES:
+        model = build(arch)
+        raise_eos(model, bias)
+        sizes = reorder_sizes(model)
+        generate([model], options, src)
+        if len(set(sizes)) > 1:
+            return model
+    raise AssertionError(f"{arch}: no sentence left the batch before the others ended")
+
+
+def reorder_sizes(model):
+    """The row counts of the reorders fairseq's generator asks of ``model``'s decoder, as they happen."""
+    sizes, reorder = [], model.decoder.reorder_incremental_state
+
+    def spy(state, new_order):
+        sizes.append(new_order.numel())
+        return reorder(state, new_order)
+
+    model.decoder.reorder_incremental_state = spy
+    return sizes
 
 
 OPTIONS = {
@@ -198,6 +258,7 @@ OPTIONS = {
     "beam4": dict(beam=4),
     "beam8": dict(beam=8),
     "nbest4": dict(beam=4, nbest=4),
+    "nbest4-sentences-end": dict(beam=4, nbest=4, ends=True),
     "diverse-beam-groups2": dict(beam=4, diverse_beam_groups=2),
     "constraints": dict(beam=4, constraints=True),
     "prefix-size1": dict(beam=4, prefix_size=1),
@@ -227,6 +288,7 @@ def generate(models, options, src):
     if cls is SequenceGeneratorWithAlignment:
         kwargs["print_alignment"] = "hard"
     opts.pop("ensemble", None)
+    opts.pop("ends", None)
     assert not opts, opts
     generator = cls(models, DICT, **kwargs)
     sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(DICT.pad()).sum(1)}}
@@ -247,8 +309,9 @@ def _pairs(alignment):
     if not (option == "print-alignment" and arch in ("rnnencdec_tiny", "seq2seq_lstm_tiny"))])
 def test_generation_equals_fairseqs_generator_without_any_cache(arch, option):
     options = OPTIONS[option]
-    models = [build(arch)] + ([build(arch, seed=1)] if options.get("ensemble") else [])
     src = batch((7, 3, 5, 9, 4))
+    models = [ending_model(arch, options, src) if options.get("ends") else build(arch)] + (
+        [build(arch, seed=1)] if options.get("ensemble") else [])
     cached = generate(models, options, src)
     full = generate([no_state(m) for m in models], options, src)
     produced = 0
