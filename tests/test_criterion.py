@@ -98,10 +98,11 @@ def test_sums_over_batch_split():
     assert n_whole == n_parts
 
 
-def test_bad_epsilon_is_a_config_error():
+@pytest.mark.parametrize("eps", [1.5, 1.0, -0.1])
+def test_bad_epsilon_is_a_config_error(eps):
     d, _, _ = make_batch()
-    with pytest.raises(ConfigError, match="--label-smoothing 1.5"):
-        LabelSmoothedXentCriterion(Task(d), label_smoothing=1.5)
+    with pytest.raises(ConfigError, match=rf"^--label-smoothing {eps}: must be in \[0, 1\)$"):
+        LabelSmoothedXentCriterion(Task(d), label_smoothing=eps)
 
 
 class Tempered(FixedLogits):
