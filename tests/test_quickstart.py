@@ -71,12 +71,17 @@ def test_averaging_window_keeps_to_the_end_of_the_training_done(tmp_path):
         "100.pt", "150.pt", "200.pt", "250.pt", "300.pt"]  # fraction 1: nothing after the updates done
 
 
-def test_a_family_below_its_bleu_floor_fails_the_quickstart():
-    """README command 1 exits 1 naming a family that did not learn on its whole budget; a run with
-    another --max-update, or one stopped on its time limit, is not held to the floors."""
+def load_quickstart():
     spec = importlib.util.spec_from_file_location("quickstart", f"{REPO}/scripts/quickstart.py")
     quickstart = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(quickstart)
+    return quickstart
+
+
+def test_a_family_below_its_bleu_floor_fails_the_quickstart():
+    """README command 1 exits 1 naming a family that did not learn on its whole budget; a run with
+    another --max-update, or one stopped on its time limit, is not held to the floors."""
+    quickstart = load_quickstart()
     assert set(quickstart.FLOORS) == set(quickstart.FAMILIES)
     learned = {"model": "rnnencdec_tiny", "bleu": "15.9", "updates": 2000}
     flat = {**learned, "bleu": "0.4"}
@@ -84,3 +89,37 @@ def test_a_family_below_its_bleu_floor_fails_the_quickstart():
     [line] = quickstart.not_learned([learned, flat], None)
     assert line.startswith("rnnencdec_tiny: BLEU 0.4 after 2,000 updates, below the 8") and "did not learn" in line
     assert quickstart.not_learned([flat], 50) == [] == quickstart.not_learned([{**flat, "stopped_on_time": True}], None)
+
+
+def test_the_recorded_run_at_the_real_budgets_passes_every_floor():
+    """docs/RESULTS.md's table of the quickstart at its default budgets (a real run) meets the
+    floors: the floors fail no run that learned as that one did."""
+    quickstart = load_quickstart()
+    section = open(f"{REPO}/docs/RESULTS.md", encoding="utf-8").read().split("\n## Quickstart\n")[1].split("\n## ")[0]
+    rows = [cells for cells in ([cell.strip() for cell in line.strip().strip("|").split("|")]
+                                for line in section.splitlines() if line.startswith("| "))
+            if cells[0] in quickstart.FAMILIES and len(cells) == 6]  # | model | parameters | updates | ... |
+    assert [row[0] for row in rows] == list(quickstart.FAMILIES)
+    recorded = [{"model": model, "updates": int(updates.replace(",", "")), "bleu": bleu}
+                for model, _, updates, _, bleu, _ in rows]
+    assert [r["updates"] for r in recorded] == [updates for _, updates in quickstart.FAMILIES.values()]
+    assert quickstart.not_learned(recorded, None) == []
+
+
+@pytest.mark.slow
+def test_families_that_cannot_learn_fail_the_quickstart_at_their_real_budgets(tmp_path):
+    """README command 1 with the Transformer's and RNNsearch's own budgets (400 updates each) on 10
+    training sentences, from which no model translates the test set: the command exits 1 with one
+    error line per family, as a user would see a family that did not learn."""
+    quickstart = load_quickstart()
+    models = ["vaswani_transformer_tiny", "rnnsearch_tiny"]
+    proc = run([sys.executable, f"{REPO}/scripts/quickstart.py", "--work", tmp_path, "--train", "10", "--test", "20",
+                "--max-len", "10", "--models", *models], check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("error: ")]
+    assert len(errors) == len(models), proc.stdout[-3000:]
+    for model, error in zip(models, errors):
+        _, (_, _, updates, _, bleu, _) = table_row(proc.stdout, model)
+        assert updates == f"{quickstart.FAMILIES[model][1]:,}"
+        assert error.startswith(f"error: {model}: BLEU {bleu} after {updates} updates, below the "
+                                f"{quickstart.FLOORS[model]:g} ") and error.endswith("it did not learn")
