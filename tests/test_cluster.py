@@ -175,8 +175,9 @@ def test_one_process_preempted_by_sigterm_then_sigusr1_saves_and_resumes_bit_equ
 
 
 # fairseq-train in which rank 0, once a stop is agreed, waits STOP_DELAY seconds before its save (a slow
-# disk, a loaded machine: what the other ranks must not outrun), and every worker prints, as it exits,
-# the update that checkpoint_last.pt holds at that moment.
+# disk, a loaded machine: what the other ranks must not outrun), every worker prints, as it exits,
+# the update that checkpoint_last.pt holds at that moment, and a worker whose interpreter tears
+# down writes its rank to $TEARDOWN_LOG.
 STOP_DELAY = 5
 DELAYED_AT_THE_STOP = f"""
 import atexit, os, sys, time
@@ -197,6 +198,10 @@ def report():
     held = load_state(path)["optimizer_history"][-1]["num_updates"] if os.path.exists(path) else None
     print(f"rank {{rank}} exits; checkpoint_last.pt holds update {{held}}", flush=True)
 atexit.register(report)  # an exit through the interpreter's end
+def torn_down():  # runs only in an exit through the interpreter's teardown
+    with open(os.environ["TEARDOWN_LOG"], "a") as f:
+        f.write(f"rank {{rank}}\\n")
+atexit.register(torn_down)
 exit_now = os._exit
 def reported_exit(code):
     report()
@@ -209,15 +214,18 @@ cli_main()
 
 @pytest.mark.slow
 def test_signal_to_one_of_two_slurm_tasks_stops_both_at_one_update(data_bin, reference, tmp_path):
-    """SIGUSR1 reaches rank 1 only: rank 0 must stop at the same update (else a collective hangs), and
+    """SIGUSR1 reaches rank 1 only: rank 0 must stop at the same update (else a collective hangs),
     rank 1 must not exit before rank 0's checkpoint of the stop is complete, even when rank 0 is slow
-    to write it (delayed at the stop: deterministic)."""
-    save, port, launches = str(tmp_path / "save"), free_port(), []
+    to write it (delayed at the stop: deterministic), and neither stopped worker runs the
+    interpreter's teardown (which races with the peers' exits): only the restart's two workers,
+    which end normally, run its atexit hooks."""
+    save, port, launches, teardown = str(tmp_path / "save"), free_port(), [], tmp_path / "teardown"
 
     def launch():
         launches.append(tmp_path / f"rank1.run{len(launches)}.log")
         return [start([sys.executable, "-c", DELAYED_AT_THE_STOP,
-                       *flags(data_bin, save, "--distributed-port", port)], slurm_env(rank),
+                       *flags(data_bin, save, "--distributed-port", port)],
+                      {**slurm_env(rank), "TEARDOWN_LOG": str(teardown)},
                       tmp_path / "rank0.log" if rank == 0 else launches[-1]) for rank in (0, 1)]
 
     codes = preempt_and_restart(launch, lambda procs: procs[1].pid, [signal.SIGUSR1], tmp_path / "rank0.log")
@@ -226,6 +234,7 @@ def test_signal_to_one_of_two_slurm_tasks_stops_both_at_one_update(data_bin, ref
     rank1 = open(launches[0]).read()
     assert "distributed init (rank 1): tcp://localhost:" in rank1
     assert f"rank 1 exits; checkpoint_last.pt holds update {stopped_at}" in rank1, rank1[-3000:]
+    assert sorted(teardown.read_text().splitlines()) == ["rank 0", "rank 1"]
     assert_equal_runs(os.path.join(save, "checkpoint_last.pt"), reference)
 
 
