@@ -11,9 +11,10 @@
 # so other runs here are unaffected and nothing is left mutated. The tests run there with
 # PYTHONPATH at that worktree: pytest, and every fairseq-train/-generate they start (--user-dir
 # is taken from the imported fairseq_plugins), import the mutated file; checked before the first
-# mutant. A mutant gets 3x the unmutated tests' time + 60 s. Results: work/mutation/<module>.
+# mutant. A mutant gets 5x the unmutated tests' time + 120 s. Results: work/mutation/<module>.
 # {sqlite,txt} (MUTATION_OUT), with each survivor's diff; MUTATION_RESUME=1 goes on with the
-# mutants an interrupted run left. The tool has its own venv (MUTATION_VENV, default
+# mutants an interrupted run left; MUTATION_RECHECK=1 puts each survivor and timeout of the last
+# run back in, one at a time, and says whether today's tests kill it. The tool has its own venv (MUTATION_VENV, default
 # .venv-mutation); the suite's .venv (scripts/setup_env.sh) runs the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,8 +57,9 @@ if ! "$TOOL_VENV/bin/python" -c "import cosmic_ray" 2>/dev/null; then
     "$TOOL_VENV/bin/pip" install --quiet --disable-pip-version-check "$COSMIC_RAY"
 fi
 
-WT=$(mktemp -d "${TMPDIR:-/tmp}/fairseq-plugins-mutation.XXXXXX")
-cleanup() { git -C "$REPO" worktree remove --force "$WT" 2>/dev/null || rm -rf "$WT"; }
+RUN=$(mktemp -d "${TMPDIR:-/tmp}/fairseq-plugins-mutation.XXXXXX")  # this run's own: worktree, configs, runners
+WT=$RUN/worktree
+cleanup() { git -C "$REPO" worktree remove --force "$WT" 2>/dev/null; rm -rf "$RUN"; }
 trap cleanup EXIT
 git worktree add --quiet --detach "$WT" HEAD
 if [ "${MUTATION_UNCOMMITTED:-0}" = 1 ]; then git diff HEAD --binary | git -C "$WT" apply --whitespace=nowarn; fi
@@ -76,15 +78,15 @@ for module in "${modules[@]}"; do
     [ "$module" = fairseq_plugins_onnx.py ] && path=$module
     name=${module%.py}; name=${name//\//.}
     tests=$(tests_for "$module")  # shell words, pasted into the runner as they are
-    runner=$OUT/$name.run-tests.sh
+    runner=$RUN/$name.run-tests.sh
     printf '#!/usr/bin/env bash\ncd %q && exec nice -n 10 %q -m pytest -x -q -p no:cacheprovider -n 0 %s\n' \
         "$WT" "$PY" "$tests" > "$runner"
     echo "== $module: unmutated tests ($tests)"
     start=$(date +%s)
     bash "$runner" > "$OUT/$name.baseline.log" 2>&1 || {
         echo "error: $module: the tests fail without a mutation (see $OUT/$name.baseline.log)" >&2; exit 1; }
-    timeout=$(( 3 * ($(date +%s) - start) + 60 ))
-    config=$OUT/$name.toml
+    timeout=$(( 5 * ($(date +%s) - start) + 120 ))  # generous: a loaded machine slows a mutant down too
+    config=$RUN/$name.toml
     # Left out: replacements that are type errors on this code's numbers and booleans (an arithmetic
     # operator to a shift or bitwise one, a comparison to `is`, `~`): they cost a run and show nothing.
     cat > "$config" <<EOF
@@ -102,6 +104,23 @@ exclude-operators = ["core/ReplaceBinaryOperator_.*_(BitOr|BitAnd|BitXor|LShift|
 EOF
     unmutated=$(sha1sum < "$WT/$path")
     session=$OUT/$name.sqlite
+    if [ "${MUTATION_RECHECK:-0}" = 1 ]; then  # the last run's survivors and timeouts, against today's tests
+        "$TOOL_VENV/bin/cosmic-ray" dump "$session" | "$PY" "$REPO/scripts/mutation_summary.py" --unkilled |
+        while read -r file operator occurrence line; do  # (the module unchanged since: same occurrences)
+            cp "$WT/$file" "$RUN/unmutated.py"
+            status=0
+            if (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" apply "$file" "$operator" "$occurrence" >/dev/null 2>&1) &&
+                ! cmp -s "$WT/$file" "$RUN/unmutated.py"; then
+                timeout "$timeout" bash "$runner" >/dev/null 2>&1 </dev/null || status=$?
+                case $status in 0) verdict=survives ;; 124) verdict=timeout ;; *) verdict=killed ;; esac
+            else
+                verdict="no longer applies (the module changed: run it again)"
+            fi
+            cp "$RUN/unmutated.py" "$WT/$file"
+            echo "$module: $operator #$occurrence (line $line): $verdict"
+        done
+        continue
+    fi
     if [ "${MUTATION_RESUME:-0}" != 1 ] || [ ! -f "$session" ]; then  # MUTATION_RESUME=1: the mutants not run yet
         rm -f "$session"
         (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" init "$config" "$session" &&

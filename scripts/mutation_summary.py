@@ -1,13 +1,25 @@
 """The counts of one module's mutation run, and each survivor's diff: reads `cosmic-ray dump` on stdin.
 
 Usage: cosmic-ray dump SESSION | python scripts/mutation_summary.py MODULE
+       cosmic-ray dump SESSION | python scripts/mutation_summary.py --unkilled
+         (one line per survivor or timeout: module path, operator, occurrence, line; for a recheck)
 """
 import collections
 import json
 import sys
 
 
+def unkilled():
+    for line in sys.stdin:
+        item, result = json.loads(line)
+        if result and (result["test_outcome"] == "survived" or result.get("output") == "timeout"):
+            mutation = item["mutations"][0]
+            print(mutation["module_path"], mutation["operator_name"], mutation["occurrence"], mutation["start_pos"][0])
+
+
 def main():
+    if sys.argv[1] == "--unkilled":
+        return unkilled()
     module = sys.argv[1]
     counts, survivors = collections.Counter(), []
     for line in sys.stdin:
