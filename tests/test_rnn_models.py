@@ -15,7 +15,7 @@ from fairseq_plugins.models.seq2seq_lstm import reverse_source_tokens
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
 from fairseq_plugins.modules.beam_cache import BeamCache, get_cache
 from fairseq_plugins.modules.maxout import Maxout
-from paper_references import ref_attention, ref_decoder, ref_encoder_gru, ref_gru
+from paper_references import ref_attention, ref_decoder, ref_encoder_gru
 
 DICT = Dictionary()
 for _w in range(20):

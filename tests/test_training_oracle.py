@@ -14,7 +14,6 @@ equality is up to a tolerance stated beside each assertion with what was measure
 import copy
 import math
 
-import pytest
 import torch
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -76,7 +75,7 @@ def relative_difference(ours, theirs):
 
 def test_vaswani_transformer_trains_as_fairseqs_transformer_from_the_same_weights(data_bin):
     sharing = "--share-all-embeddings"  # one matrix for three uses: the tied gradients are summed
-    theirs, their_args = fairseq_trainer(data_bin, ["--arch", "transformer", *TRANSFORMER_SIZES, sharing,
+    theirs, _ = fairseq_trainer(data_bin, ["--arch", "transformer", *TRANSFORMER_SIZES, sharing,
                                                     "--criterion", "label_smoothed_cross_entropy"])
     ours, _ = fairseq_trainer(data_bin, ["--arch", "vaswani_transformer", *TRANSFORMER_SIZES, sharing,
                                          "--fairseq-positions", "--criterion", "label_smoothed_xent"])

@@ -47,8 +47,8 @@ from fairseq_plugins.modules.beam_cache import (
 )
 from fairseq_plugins.modules.positional_embedding import build_positional_encoding
 from fairseq_plugins.modules.transformer_layer import (
-    TransformerDecoderLayer,
     FFN_INITS,
+    TransformerDecoderLayer,
     TransformerEncoderLayer,
 )
 
