@@ -35,7 +35,7 @@ tests_for() {
         patches/divergence.py) echo "tests/test_divergence.py" ;;
         patches/elastic_resume.py) echo "tests/test_elastic_resume.py" ;;
         patches/preemption.py) echo "tests/test_patches.py tests/test_cluster.py -k 'preempt or sigterm or signal'" ;;
-        modules/beam_cache.py) echo "tests/test_decoding_cache.py" ;;
+        modules/beam_cache.py) echo "tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         fairseq_plugins_onnx.py) echo "tests/test_export_onnx.py" ;;
         *) return 1 ;;
     esac
