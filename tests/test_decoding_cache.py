@@ -157,6 +157,21 @@ def test_reorders_within_beams_copy_no_shared_tensor(arch):
         assert cache.beam_size == beam and all(cache.tensors[name].size(0) == 2 for name in shared)
 
 
+@pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny"])
+def test_one_sentence_decodes_in_the_beam_layout(arch):
+    """A batch of one sentence (fairseq-interactive, the server) keeps its encoder tensors once,
+    not once per hypothesis: beam search's expansion of one row is an expansion too."""
+    model = build(arch)
+    beam = 4
+    with torch.no_grad():
+        encoder_out = model.encoder.reorder_encoder_out(model.encoder(batch((6,))), torch.zeros(beam, dtype=torch.long))
+        state = {}
+        model.decoder(torch.full((beam, 1), DICT.eos()), encoder_out, incremental_state=state)
+    cache = get_cache(model.decoder, state)
+    assert cache.beam_size == beam
+    assert all(cache.tensors[name].size(0) == 1 for name in cache.names("sentences"))
+
+
 def test_self_attention_entries_take_at_most_twice_the_steps_written():
     """A long decoding's memory: the entries buffer doubles when full (16, 32, 64 steps), so it
     never holds more than twice the steps written, nor fewer (every step stays readable)."""
