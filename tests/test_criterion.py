@@ -164,3 +164,27 @@ def test_logged_metrics_equal_fairseqs_over_two_workers():
 def test_autocast_bf16_on_another_device_is_one_line():
     with pytest.raises(ConfigError, match=r"^--autocast-bf16: runs on cpu or cuda devices, not on mps$"):
         label_smoothed_xent_module._check_native_bf16("mps")
+
+
+def test_no_smoothing_is_the_nll_even_where_the_model_gives_a_word_probability_zero():
+    """ε = 0 is plain NLL: a word the model rules out (log p = -inf, e.g. a masked output) must not
+    turn the loss into NaN through 0 · (-inf) in the smoothing term."""
+    lprobs = torch.log_softmax(torch.randn(4, 6, generator=torch.Generator().manual_seed(0)), dim=-1)
+    lprobs[:, 5] = float("-inf")  # never a target below
+    target = torch.tensor([1, 2, 0, 3])
+    loss, nll = label_smoothed_xent(lprobs, target, 0.0, padding_idx=0)
+    expected = -(lprobs[0, 1] + lprobs[1, 2] + lprobs[3, 3])  # row 2's target is padding (0): left out
+    assert torch.equal(loss, nll) and torch.isclose(nll, expected)
+
+
+@pytest.mark.parametrize("device_type, asked", [("cpu", "oneDNN"), ("cuda", "CUDA")])
+def test_native_bf16_is_asked_of_the_devices_own_backend(monkeypatch, device_type, asked):
+    """--autocast-bf16's check: oneDNN answers for a CPU, CUDA for a GPU (each faked to say yes
+    while the other says no), so a CPU with bf16 is never refused for a missing GPU."""
+    label_smoothed_xent_module._check_native_bf16.cache_clear()
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: asked == "oneDNN")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: asked == "CUDA")
+    try:
+        label_smoothed_xent_module._check_native_bf16(device_type)  # no ConfigError
+    finally:
+        label_smoothed_xent_module._check_native_bf16.cache_clear()
