@@ -149,16 +149,20 @@ def test_logged_metrics_equal_fairseqs_over_two_workers():
             criterion_class.reduce_metrics(outputs)
             return agg.get_smoothed_values()
 
-    ours_out, theirs_out = [], []
-    for seed in (3, 4):
-        d, logits, sample = make_batch(seed=seed)
-        ours_out.append(LabelSmoothedXentCriterion(Task(d), 0.1, report_accuracy=True)(FixedLogits(logits), sample)[2])
-        theirs_out.append(LabelSmoothedCrossEntropyCriterion(Task(d), sentence_avg=False, label_smoothing=0.1,
-                                                             report_accuracy=True)(FixedLogits(logits), sample)[2])
-    ours, theirs = reduced(LabelSmoothedXentCriterion, ours_out), reduced(LabelSmoothedCrossEntropyCriterion, theirs_out)
-    assert 0 < theirs["accuracy"] < 100 and theirs["nll_loss"] > 0  # the numbers are not degenerate
-    for key in ("loss", "nll_loss", "ppl", "accuracy", "n_correct", "total"):
-        assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-3), key
+    for accuracy in (True, False):  # without --report-accuracy, no accuracy columns (nor a division by 0)
+        ours_out, theirs_out = [], []
+        for seed in (3, 4):
+            d, logits, sample = make_batch(seed=seed)
+            ours_out.append(LabelSmoothedXentCriterion(Task(d), 0.1, report_accuracy=accuracy)(
+                FixedLogits(logits), sample)[2])
+            theirs_out.append(LabelSmoothedCrossEntropyCriterion(Task(d), sentence_avg=False, label_smoothing=0.1,
+                                                                 report_accuracy=accuracy)(FixedLogits(logits), sample)[2])
+        ours = reduced(LabelSmoothedXentCriterion, ours_out)
+        theirs = reduced(LabelSmoothedCrossEntropyCriterion, theirs_out)
+        assert ours.keys() == theirs.keys() and ("accuracy" in theirs) == accuracy, (accuracy, ours.keys())
+        assert theirs["nll_loss"] > 0 and (not accuracy or 0 < theirs["accuracy"] < 100)  # not degenerate
+        for key in theirs:
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-3), key
 
 
 def test_autocast_bf16_on_another_device_is_one_line():
