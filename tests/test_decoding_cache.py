@@ -82,6 +82,8 @@ SCENARIOS = {
     "beams-then-anything": (3, ["beam"] * 3 + ["drop", "beam", "move", "beam", "cross"] + ["any"] * 3),
     # past the entries' initial capacity (16) in the beam layout, then flattened
     "long-beams": (2, ["beam"] * 17 + ["any", "beam"]),
+    # one row taken from the last beam, the rest staying: only the first beam's first row crosses
+    "one-row-across": (3, ["beam"] * 2 + ["lopsided", "beam"]),
     "first-reorder-not-beams": (0, ["any"] * 6),
     "never-reordered": (1, ["any"] * 5),
 }
@@ -92,6 +94,10 @@ def make_order(kind, rows, beam, g):
         return within_beams(rows, beam, g, drop=kind == "drop", move=kind == "move")
     if kind == "cross":
         return torch.roll(torch.arange(rows), 1)  # every row continues its neighbour's, across beams
+    if kind == "lopsided":
+        order = torch.arange(rows)
+        order[0] = rows - 1
+        return order
     return anywhere(rows, g)
 
 
