@@ -159,17 +159,22 @@ def runs(data_bin, tmp_path_factory):
         by_epoch = train_args(data_bin, save_dir, "vaswani_transformer_tiny", ["--max-epoch", 1])
         assert_trained(fairseq_train(by_epoch))
         epoch_run = again(save_dir, by_epoch)
-        args = train_args(data_bin, save_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES])
+        # --max-epoch 2 as well: a run that completed epoch 1 of 2 is not finished
+        args = train_args(data_bin, save_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES, "--max-epoch", 2])
         killed = finish([start([sys.executable, "-c", KILL_AFTER_FINAL_SAVE, *args])])[0]
-        return {"--max-epoch": epoch_run, "killed": killed, "after kill": again(save_dir, args)}
+        after_kill = again(save_dir, args)
+        lower = train_args(data_bin, save_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES - 3])
+        return {"--max-epoch": epoch_run, "killed": killed, "after kill": after_kill,
+                "--max-update below": again(save_dir, lower)}
 
     *by_arch, rest = in_parallel([lambda arch=arch: twice(arch) for arch in ARCHS] + [by_epoch_then_killed])
     return {**dict(zip(ARCHS, by_arch)), **rest}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [*ARCHS, "--max-epoch"])
+@pytest.mark.parametrize("case", [*ARCHS, "--max-epoch", "--max-update below"])
 def test_the_same_command_again_ends_at_once_and_writes_nothing(runs, case):
+    """(and a command whose --max-update is below the checkpoint's update)"""
     save_dir, before, after, update, second = runs[case]
     assert {"checkpoint_last.pt", "checkpoint_best.pt", "checkpoint1.pt"} <= before.keys()
     line = f"already trained to update {update}; nothing to do"
@@ -214,6 +219,7 @@ def test_two_workers_end_at_once_and_after_a_kill_9_resume_to_the_uninterrupted_
     assert_nothing_to_do(rank0, before, files(killed_dir), f"already trained to update {UPDATES}; nothing to do")
     assert "train_step on rank" not in rank0[1], rank0[1][-3000:]
     assert rank1[0] == 0 and "train_step on rank" not in rank1[1], rank1[1][-3000:]
+    assert "nothing to do" not in rank1[1], rank1[1][-3000:]  # the line once, from rank 0
     assert_same_training(os.path.join(killed_dir, "checkpoint_last.pt"), os.path.join(straight_dir, "checkpoint_last.pt"))
 
 
