@@ -27,7 +27,7 @@ class FixedLogits(torch.nn.Module):
         return self.logits, None
 
     def get_normalized_probs(self, net_output, log_probs, sample=None):
-        return torch.log_softmax(net_output[0].float(), dim=-1)
+        return (torch.log_softmax if log_probs else torch.softmax)(net_output[0].float(), dim=-1)
 
     def get_targets(self, sample, net_output):
         return sample["target"]
@@ -47,14 +47,17 @@ def make_batch(vocab=13, bsz=3, tgt_len=5, seed=0):
     return d, logits, sample
 
 
+@pytest.mark.parametrize("sentence_avg", [False, True])
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
-def test_equals_fairseq_builtin(eps):
-    d, logits, sample = make_batch()
-    ours = LabelSmoothedXentCriterion(Task(d), label_smoothing=eps)
-    theirs = LabelSmoothedCrossEntropyCriterion(Task(d), sentence_avg=False, label_smoothing=eps)
+def test_equals_fairseq_builtin(eps, sentence_avg):
+    d, logits, sample = make_batch(tgt_len=6)  # 3 sentences of 6 positions: sizes not to be mixed up
+    ours = LabelSmoothedXentCriterion(Task(d), label_smoothing=eps, sentence_avg=sentence_avg)
+    theirs = LabelSmoothedCrossEntropyCriterion(Task(d), sentence_avg=sentence_avg, label_smoothing=eps)
     loss, size, log = ours(FixedLogits(logits), sample)
     ref_loss, ref_size, ref_log = theirs(FixedLogits(logits), sample)
-    assert size == ref_size == sample["ntokens"]
+    assert size == ref_size == (3 if sentence_avg else sample["ntokens"])
+    for key in ("ntokens", "nsentences", "sample_size"):
+        assert log[key] == ref_log[key], key
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(log["nll_loss"], ref_log["nll_loss"], rtol=1e-6, atol=1e-5)
     # Gradients too: they are what training sees.
@@ -181,14 +184,26 @@ def test_no_smoothing_is_the_nll_even_where_the_model_gives_a_word_probability_z
     assert torch.equal(loss, nll) and torch.isclose(nll, expected)
 
 
-@pytest.mark.parametrize("device_type, asked", [("cpu", "oneDNN"), ("cuda", "CUDA")])
-def test_native_bf16_is_asked_of_the_devices_own_backend(monkeypatch, device_type, asked):
-    """--autocast-bf16's check: oneDNN answers for a CPU, CUDA for a GPU (each faked to say yes
-    while the other says no), so a CPU with bf16 is never refused for a missing GPU."""
+@pytest.mark.parametrize("gpu, cpu_flag, asked", [(False, False, "oneDNN"), (True, True, "oneDNN"),
+                                                   (True, False, "CUDA")])
+def test_native_bf16_is_asked_of_the_training_devices_own_backend(monkeypatch, gpu, cpu_flag, asked):
+    """--autocast-bf16's check at build time: oneDNN answers for a CPU, CUDA (native, not emulated)
+    for a GPU, each faked to say yes while the other says no; the device is fairseq's Trainer's
+    (a GPU if there is one and not --cpu), so a CPU with bf16 is never refused for a missing GPU."""
     label_smoothed_xent_module._check_native_bf16.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: asked == "oneDNN")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: asked == "CUDA")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True:
+                        asked == "CUDA" and not including_emulation)
+    d, _, _ = make_batch()
     try:
-        label_smoothed_xent_module._check_native_bf16(device_type)  # no ConfigError
+        LabelSmoothedXentCriterion(Task(d), 0.1, autocast_bf16=True, cpu=cpu_flag)  # no ConfigError
     finally:
         label_smoothed_xent_module._check_native_bf16.cache_clear()
+
+
+def test_defaults_are_fairseqs_but_the_papers_smoothing():
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterionConfig
+
+    ours, theirs = label_smoothed_xent_module.LabelSmoothedXentConfig(), LabelSmoothedCrossEntropyCriterionConfig()
+    assert ours.report_accuracy == theirs.report_accuracy and ours.label_smoothing == 0.1
