@@ -26,11 +26,12 @@ PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py
 STOPPED = "early stop since valid performance hasn't improved for last 2 runs"
 
 
-def train(data, save_dir, env=None):
+def train(data, save_dir, env=None, extra=()):
+    """The run's command; ``extra`` flags come last and override it (argparse keeps the last)."""
     cmd = [sys.executable, PROBE, data, "--user-dir", USER_DIR, "--arch", "vaswani_transformer_tiny",
            "--optimizer", "adam", "--lr", "0.002,0.002,0", "--max-tokens", "2000", "--max-epoch", "8",
            "--patience", "2", "--save-dir", save_dir, "--cpu", "--seed", "1", "--no-progress-bar",
-           "--log-interval", "1", "--num-workers", "0", "--no-epoch-checkpoints"]
+           "--log-interval", "1", "--num-workers", "0", "--no-epoch-checkpoints", *extra]
     proc = subprocess.run(cmd, env=cli_env({**ONE_THREAD, **(env or {})}), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=600)
     return proc.returncode, proc.stdout
@@ -76,3 +77,9 @@ def test_a_run_killed_inside_patience_stops_where_the_uninterrupted_run_stops_an
     assert_nothing_to_do(train(data_bin, killed), before, files(killed),
                          f"already stopped early at update {stop}: 2 validations without improving on loss "
                          f"{float(min(losses, key=float)):g} (--patience 2); nothing to do")
+    # a smaller --patience is stopped too; without --patience (-1, fairseq's default) the run trains on
+    assert_nothing_to_do(train(data_bin, killed, extra=["--patience", "1"]), before, files(killed),
+                         f"already stopped early at update {stop}: 2 validations without improving on loss "
+                         f"{float(min(losses, key=float)):g} (--patience 1); nothing to do")
+    code, out = train(data_bin, killed, extra=["--patience", "-1", "--max-epoch", "5"])
+    assert code == 0 and last_update(killed) == stop + per_epoch, out[-3000:]
