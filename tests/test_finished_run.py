@@ -233,3 +233,17 @@ def test_with_the_patch_off_fairseq_trains_one_more_update(runs, data_bin, tmp_p
     args = train_args(data_bin, save_dir, "vaswani_transformer_tiny", ["--max-update", UPDATES])
     assert_trained(fairseq_train(args, {"FAIRSEQ_PLUGINS_DISABLE_PATCHES": "finished_run"}))
     assert num_updates(load_state(os.path.join(save_dir, "checkpoint_last.pt"))) == UPDATES + 1
+
+
+def test_a_program_with_its_own_trainer_object_gets_fairseqs_resume_unchanged(monkeypatch):
+    """The patch acts on fairseq's Trainer only: another program's trainer-like object whose
+    checkpoint is at --max-update gets fairseq's (extra_state, epoch_itr) back, and no exit."""
+    from types import SimpleNamespace
+
+    from fairseq_plugins.patches import finished_run
+
+    extra_state, epoch_itr = {"train_iterator": {"epoch": 3}}, SimpleNamespace(next_epoch_idx=3)
+    monkeypatch.setattr(finished_run, "LOAD_CHECKPOINT", lambda cfg, trainer, **kwargs: (extra_state, epoch_itr))
+    cfg = SimpleNamespace(optimization=SimpleNamespace(max_update=5, max_epoch=2))
+    stand_in = SimpleNamespace(cfg=cfg, get_num_updates=lambda: 5, data_parallel_rank=0)
+    assert finished_run.load_checkpoint(cfg, stand_in) == (extra_state, epoch_itr)
