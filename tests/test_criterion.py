@@ -165,7 +165,12 @@ def test_logged_metrics_equal_fairseqs_over_two_workers():
         assert ours.keys() == theirs.keys() and ("accuracy" in theirs) == accuracy, (accuracy, ours.keys())
         assert theirs["nll_loss"] > 0 and (not accuracy or 0 < theirs["accuracy"] < 100)  # not degenerate
         for key in theirs:
-            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-3), key
+            assert ours[key] == theirs[key], key  # as printed: rounded alike (loss, nll_loss to 3 decimals)
+    # one target token in all, predicted right: accuracy 100 (a count of 1 is a count)
+    one = {"loss": torch.tensor(0.5), "nll_loss": torch.tensor(0.4), "ntokens": 1, "nsentences": 1,
+           "sample_size": 1, "n_correct": torch.tensor(1), "total": torch.tensor(1)}
+    ours, theirs = reduced(LabelSmoothedXentCriterion, [one]), reduced(LabelSmoothedCrossEntropyCriterion, [one])
+    assert dict(ours) == dict(theirs) and ours["accuracy"] == 100.0
 
 
 def test_autocast_bf16_on_another_device_is_one_line():
