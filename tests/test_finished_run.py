@@ -174,7 +174,7 @@ def runs(data_bin, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [*ARCHS, "--max-epoch", "--max-update below"])
 def test_the_same_command_again_ends_at_once_and_writes_nothing(runs, case):
-    """(and a command whose --max-update is below the checkpoint's update)"""
+    """The same command, or one whose --max-update is below the checkpoint's update, on a finished run."""
     save_dir, before, after, update, second = runs[case]
     assert {"checkpoint_last.pt", "checkpoint_best.pt", "checkpoint1.pt"} <= before.keys()
     line = f"already trained to update {update}; nothing to do"
