@@ -8,7 +8,9 @@ again after epoch 3's (one non-improving validation), resumed each time, must st
 update (fairseq alone counted from zero again and stopped two epochs later). Once more, it ends
 at once: status 0, one line naming the best loss, which must be the lowest validation loss the
 uninterrupted run logged (the oracle is that run's log, not the checkpoint under test), no
-update, every file under --save-dir with its sha256 and mtime.
+update, every file under --save-dir with its sha256 and mtime. A smaller --patience ends the same
+way; --patience -1 or 0 (off, as in fairseq) trains on; two workers both end with status 0 and
+only rank 0 prints the line.
 """
 import os
 import re
@@ -18,21 +20,26 @@ import sys
 
 import pytest
 from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
-from test_finished_run import assert_nothing_to_do, files
+from test_finished_run import assert_nothing_to_do, files, slurm_tasks
 
 from fairseq_plugins.checkpoints import load_state
+from fairseq_plugins.network import free_port
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
 STOPPED = "early stop since valid performance hasn't improved for last 2 runs"
 
 
+def arguments(data, save_dir, extra=()):
+    """The run's fairseq-train arguments; ``extra`` flags come last and override them (argparse keeps the last)."""
+    return [data, "--user-dir", USER_DIR, "--arch", "vaswani_transformer_tiny", "--optimizer", "adam",
+            "--lr", "0.002,0.002,0", "--max-tokens", "2000", "--max-epoch", "8", "--patience", "2",
+            "--save-dir", save_dir, "--cpu", "--seed", "1", "--no-progress-bar", "--log-interval", "1",
+            "--num-workers", "0", "--no-epoch-checkpoints", *extra]
+
+
 def train(data, save_dir, env=None, extra=()):
-    """The run's command; ``extra`` flags come last and override it (argparse keeps the last)."""
-    cmd = [sys.executable, PROBE, data, "--user-dir", USER_DIR, "--arch", "vaswani_transformer_tiny",
-           "--optimizer", "adam", "--lr", "0.002,0.002,0", "--max-tokens", "2000", "--max-epoch", "8",
-           "--patience", "2", "--save-dir", save_dir, "--cpu", "--seed", "1", "--no-progress-bar",
-           "--log-interval", "1", "--num-workers", "0", "--no-epoch-checkpoints", *extra]
-    proc = subprocess.run(cmd, env=cli_env({**ONE_THREAD, **(env or {})}), stdout=subprocess.PIPE,
+    proc = subprocess.run([sys.executable, PROBE, *arguments(data, save_dir, extra)],
+                          env=cli_env({**ONE_THREAD, **(env or {})}), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=600)
     return proc.returncode, proc.stdout
 
@@ -83,3 +90,13 @@ def test_a_run_killed_inside_patience_stops_where_the_uninterrupted_run_stops_an
                          f"{float(min(losses, key=float)):g} (--patience 1); nothing to do")
     code, out = train(data_bin, killed, extra=["--patience", "-1", "--max-epoch", "5"])
     assert code == 0 and last_update(killed) == stop + per_epoch, out[-3000:]
+    code, out = train(data_bin, killed, extra=["--patience", "0", "--max-epoch", "6"])  # 0 is off too (fairseq)
+    assert code == 0 and last_update(killed) == stop + 2 * per_epoch, out[-3000:]
+
+    # two workers (SLURM tasks): both end at once with status 0, and only rank 0 prints the line
+    before = files(killed)
+    rank0, rank1 = slurm_tasks(arguments(data_bin, killed), free_port())
+    assert_nothing_to_do(rank0, before, files(killed),
+                         f"already stopped early at update {stop + 2 * per_epoch}: 2 validations without improving "
+                         f"on loss {float(min(losses, key=float)):g} (--patience 2); nothing to do")
+    assert rank1[0] == 0 and "nothing to do" not in rank1[1] and "num_updates=" not in rank1[1], rank1[1][-3000:]
