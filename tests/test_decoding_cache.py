@@ -180,18 +180,21 @@ def test_one_sentence_decodes_in_the_beam_layout(arch):
 
 def test_self_attention_entries_take_at_most_twice_the_steps_written():
     """A long decoding's memory: the entries buffer doubles when full (16, 32, 64 steps), so it
-    never holds more than twice the steps written, nor fewer (every step stays readable)."""
+    never holds more than twice the steps written, nor fewer (every step stays readable), and it
+    is reallocated only on doubling (a buffer grown by a constant is copied at every few steps)."""
     model = build("vaswani_transformer_tiny")
     src, beam = batch((7, 3)), 2
     with torch.no_grad():
         encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), torch.arange(2).repeat_interleave(beam))
-        prev, state = torch.full((2 * beam, 1), DICT.eos()), {}
+        prev, state, capacities = torch.full((2 * beam, 1), DICT.eos()), {}, set()
         for t in range(1, 41):
             model.decoder(prev, encoder_out, incremental_state=state)
             cache = get_cache(model.decoder, state)
             for name in cache.names("entries"):
                 assert t <= cache.tensors[name].size(2) <= max(16, 2 * t), (t, name, cache.tensors[name].shape)
+                capacities.add(cache.tensors[name].size(2))
             prev = torch.cat([prev, torch.full((2 * beam, 1), 5)], dim=1)
+    assert sorted(capacities) == [16, 32, 64]
 
 
 def test_reorder_encoder_out_keeps_fairseqs_contract_for_every_family():
