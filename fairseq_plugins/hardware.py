@@ -7,6 +7,8 @@ int8 only pays where the CPU multiplies int8 pairs and sums them in 32 bits in o
 import platform
 from typing import List, Optional
 
+import torch
+
 # the /proc/cpuinfo flags that decide matrix-product speed, in the order printed
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
 INT8_DOT_PRODUCTS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -34,6 +36,14 @@ def cpu_flags(cpuinfo: Optional[str] = None) -> List[str]:
             present = set(line.split(":", 1)[1].split())
             return [flag for flag in ISA_FLAGS if flag in present]
     return []
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether ``device_type`` ("cpu" or "cuda") multiplies bf16 in hardware: elsewhere bf16 is
+    emulated, many times slower than fp32 (a 2048² matmul: minutes on an AVX2 CPU)."""
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()  # oneDNN: AVX-512 (BF16/AMX) or Arm BF16
 
 
 def int8_note(flags: List[str]) -> str:

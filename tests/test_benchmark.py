@@ -13,8 +13,10 @@ from helpers import needs_native_bf16, run
 from torch.utils.flop_counter import FlopCounterMode
 
 from fairseq_plugins.cli import benchmark_scale
+from fairseq_plugins.benchmarks import measure
 from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS
 from fairseq_plugins.cli import benchmark
+from fairseq_plugins.errors import PluginError
 
 MEASUREMENTS = [
     "train target tokens/s",
@@ -35,7 +37,8 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     assert report.strip() in stdout  # the file holds the printed report
     assert re.search(r"^- date: \d{4}-\d\d-\d\d", report, re.M)
     assert re.search(r"^- machine: .+, \d+ cores", report, re.M)
-    assert re.search(r"^- matmul ceiling: fp32 [\d,]+ GFLOP/s, bf16 [\d,]+ GFLOP/s", report, re.M)
+    bf16 = r"bf16 [\d,]+ GFLOP/s" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else r"bf16 not native"
+    assert re.search(rf"^- matmul ceiling: fp32 [\d,]+ GFLOP/s, {bf16}", report, re.M)
     rows = [line.split("|")[1:-1] for line in report.splitlines() if line.startswith("| ")]
     cells = {(r[0].strip(), r[1].strip()): [c.strip() for c in r[2:]] for r in rows[1:]}
     assert [c.strip() for c in rows[0]] == ["pair", "measurement", "ours", "fairseq built-in",
@@ -144,6 +147,15 @@ def test_bad_flags_give_one_line_errors(argv, message, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("fairseq-plugins-benchmark: error: ") and err.count("\n") == 1
     assert message in err
+
+
+def test_without_native_bf16_the_ceiling_is_fp32_only_and_bf16_is_refused(monkeypatch):
+    """On a CPU without bf16 kernels (AVX2) an emulated 2048² bf16 matmul takes minutes and
+    measures nothing: the ceiling leaves it out, and --bf16 is refused in one line."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert list(measure.measure_matmul_ceiling({"device": "cpu", "precision": "fp32"})["ceilings"]) == ["fp32"]
+    with pytest.raises(PluginError, match=r"^--bf16: this cpu device has no native bfloat16 support"):
+        measure.measure_matmul_ceiling({"device": "cpu", "precision": "bf16"})
 
 
 def _count(fn, *args):

@@ -27,6 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS
 from fairseq_plugins.errors import PluginError
+from fairseq_plugins.hardware import native_bf16
 from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
 
 
@@ -53,16 +54,20 @@ def _memory(device: str) -> dict:
 def _check_device(device: str, precision: str):
     if device == "cuda" and not torch.cuda.is_available():
         raise PluginError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
-    if device == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
-        raise PluginError(f"--bf16: {torch.cuda.get_device_name()} has no bf16 support")
+    if precision == "bf16" and not native_bf16(device):
+        raise PluginError(f"--bf16: this {device} device has no native bfloat16 support (emulated, it is many "
+                          "times slower than fp32); benchmark fp32")
 
 
 def measure_matmul_ceiling(job) -> dict:
-    """FLOP/s of one large square matmul per precision: the fastest of the runs in ~1 s."""
+    """FLOP/s of one large square matmul per precision: the fastest of the runs in ~1 s. bf16
+    only where it is native (emulated, one such matmul takes minutes and says nothing)."""
     device = job["device"]
     _check_device(device, job["precision"])
     n = 8192 if device == "cuda" else 2048
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    dtypes = {"fp32": torch.float32}
+    if native_bf16(device):
+        dtypes["bf16"] = torch.bfloat16
     if device == "cuda":
         dtypes["fp16"] = torch.float16
     ceilings = {}

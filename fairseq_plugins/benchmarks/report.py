@@ -83,6 +83,8 @@ def format_report(args, preset, precision, machine, table, counts, seconds, onnx
         rows.append(_hypotheses_row(pair, table))
     header = ["pair", "measurement", "ours", "fairseq built-in", "ours / built-in", "target (cpu preset, fp32)"]
     ceilings = ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in machine["ceilings"].items())
+    if "bf16" not in machine["ceilings"]:
+        ceilings += ", bf16 not native on this device (not measured)"
     details = []
     for (pair, kind, model), results in table.items():
         key = "tokens_per_s" if kind == "train" else "sentences_per_s"

@@ -26,6 +26,7 @@ from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.hardware import native_bf16
 
 
 @dataclass
@@ -64,13 +65,9 @@ def label_smoothed_xent(lprobs, target, epsilon, padding_idx):
 @functools.lru_cache(maxsize=None)
 def _check_native_bf16(device_type):
     """Raise unless ``device_type`` has bf16 kernels (software emulation is slower than fp32)."""
-    if device_type == "cuda":
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-    elif device_type == "cpu":
-        native = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # oneDNN: AVX-512 (BF16/AMX) or Arm BF16
-    else:
+    if device_type not in ("cpu", "cuda"):
         raise ConfigError(f"--autocast-bf16: runs on cpu or cuda devices, not on {device_type}")
-    if not native:
+    if not native_bf16(device_type):
         raise ConfigError(f"--autocast-bf16: this {device_type} device has no native bfloat16 support; "
                           "train in fp32 (or with --fp16 on a GPU)")
 
