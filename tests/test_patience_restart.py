@@ -100,3 +100,13 @@ def test_a_run_killed_inside_patience_stops_where_the_uninterrupted_run_stops_an
                          f"already stopped early at update {stop + 2 * per_epoch}: 2 validations without improving "
                          f"on loss {float(min(losses, key=float)):g} (--patience 2); nothing to do")
     assert rank1[0] == 0 and "nothing to do" not in rank1[1] and "num_updates=" not in rank1[1], rank1[1][-3000:]
+
+
+@pytest.mark.slow
+def test_without_patience_checkpoints_hold_no_early_stopping_state(data_bin, tmp_path):
+    """Without --patience (fairseq's default, -1) fairseq keeps no early-stopping state: the run
+    trains and saves as fairseq's does, with no "patience" entry in its checkpoint."""
+    save_dir = str(tmp_path / "off")
+    code, out = train(data_bin, save_dir, extra=["--patience", "-1", "--max-epoch", "1"])
+    assert code == 0 and "end of epoch 1 (average epoch stats below)" in out, out[-3000:]
+    assert "patience" not in load_state(os.path.join(save_dir, "checkpoint_last.pt"))["extra_state"]
