@@ -77,10 +77,11 @@ def recipes(budget, max_tokens):
 def prepare(corpus, work, args):
     """Raw text and fairseq data-bin of ``corpus``; returns (data-bin, generate flags, description)."""
     if corpus == "synthetic":
-        raw = experiment.make_corpus(os.path.join(work, "raw"), train=args.train, valid=300, test=args.test,
+        raw = experiment.make_corpus(os.path.join(work, "raw"), train=args.train, valid=args.valid, test=args.test,
                                      min_len=5, max_len=50, test_max_len=80, rare_rate=0.01, seed=7)
         return (experiment.preprocess(raw, os.path.join(work, "data-bin")), [],
-                f"embedded language pair: {args.train} training pairs of 5-50 words, {args.test} test pairs of 5-80")
+                f"embedded language pair: {args.train} training pairs of 5-50 words, {args.valid} validation and "
+                f"{args.test} test pairs of 5-80")
     return catalog_corpus(work, args)
 
 
@@ -89,7 +90,7 @@ def catalog_corpus(work, args):
     out = os.path.join(work, "corpus")
     if not os.path.exists(os.path.join(out, "report.json")):
         # no placeholders: an untrained model that repeats `%s` scored 7-8 BLEU on the pairs that have them
-        cmd = ["fairseq-plugins-catalog-corpus", "--lang", "de", "--out", out, "--valid", 300, "--test", args.test,
+        cmd = ["fairseq-plugins-catalog-corpus", "--lang", "de", "--out", out, "--valid", args.valid, "--test", args.test,
                "--bpe-ops", args.bpe_ops, "--placeholders", "drop",
                *[x for d in args.locale_dir for x in ("--locale-dir", d)]]
         experiment.run(cmd, os.path.join(work, "catalog_corpus.log"))
@@ -294,6 +295,7 @@ def main(argv=None):
                    help="other seeds for one corpus, e.g. catalogs=1,2 (repeatable)")
     p.add_argument("--jobs", type=int, default=2, help="trainings at a time (each 1 thread)")
     p.add_argument("--train", type=int, default=6000, help="synthetic training sentence pairs (5 to 50 words)")
+    p.add_argument("--valid", type=int, default=300, help="validation sentence pairs (both corpora)")
     p.add_argument("--test", type=int, default=300, help="synthetic test sentence pairs (5 to 80 words)")
     p.add_argument("--max-update", type=int, default=1000, help="updates per model (the equal budget)")
     p.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch")
@@ -310,7 +312,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         # 5 updates: every interval checkpoint is one of the 5 averaged; the -clock runs still stop on time
-        args.train, args.test, args.max_update, args.minutes, args.clock_minutes = 300, 20, 5, 2.0, 0.02
+        args.train, args.valid, args.test, args.max_update, args.minutes, args.clock_minutes = 300, 20, 20, 5, 2.0, 0.02
         if "--seeds" not in argv:
             args.seeds = "1,2"
         if "--corpus" not in argv:
