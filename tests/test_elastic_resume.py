@@ -8,6 +8,7 @@ the recorded batches, not from the code under test. The data is 7 batches per ep
 (--max-tokens 600; checked from the records).
 """
 import collections
+import logging
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from fairseq.data import data_utils
+from fairseq.data import FairseqDataset, data_utils, iterators
 from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
 
 from fairseq_plugins.checkpoints import load_state
@@ -102,6 +103,87 @@ def assert_same_weights(path, reference, exact):
         assert diff <= 1e-6, f"{name}: max |difference| {diff}"
         if exact:
             assert torch.equal(a["model"][name], b["model"][name]), f"{name}: max |difference| {diff}"
+
+
+class _Ids(FairseqDataset):
+    """Sentence i is the number i: a batch is the list of its ids."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __getitem__(self, i):
+        return i
+
+    def __len__(self):
+        return self.n
+
+    def collater(self, samples):
+        return list(samples)
+
+
+IDS = _Ids(23)
+ID_BATCHES = [list(range(i, min(i + 2, 23))) for i in range(0, 23, 2)]  # 12 batches, the last of one sentence
+
+
+def id_iterator(shards, shard, seed=1):
+    return iterators.EpochBatchIterator(IDS, IDS.collater, ID_BATCHES, seed=seed, num_shards=shards, shard_id=shard)
+
+
+def consume(shards, steps):
+    """Each of ``shards`` workers takes ``steps`` batches of epoch 1: (batches taken, worker 0's state)."""
+    taken, state = [], None
+    for shard in range(shards):
+        iterator = id_iterator(shards, shard)
+        epoch = iterator.next_epoch_itr(shuffle=True)
+        taken += [next(epoch) for _ in range(steps)]
+        state = state or iterator.state_dict()
+    return taken, state
+
+
+def resume(state, shards, seed=1):
+    """What each of ``shards`` workers resumed from ``state`` takes in the rest of the epoch."""
+    rest = []
+    for shard in range(shards):
+        iterator = id_iterator(shards, shard, seed)
+        iterator.load_state_dict(state)
+        rest.append(list(iterator.next_epoch_itr(shuffle=True)))
+    return rest
+
+
+@pytest.mark.parametrize("before, steps, after", [(2, 2, 1), (2, 2, 3), (1, 3, 2), (3, 1, 2), (2, 3, 2)])
+def test_an_iterator_resumed_on_other_workers_takes_the_rest_of_the_uninterrupted_order(before, steps, after):
+    """In process, fairseq's EpochBatchIterator alone (no training): the oracle is the epoch's order
+    as one uninterrupted worker takes it. The old workers took its first before x steps batches;
+    the new workers, step by step, take the rest in that order (fairseq pads a short shard with
+    empty batches); the state counts the global batches and sentences consumed."""
+    whole = list(id_iterator(1, 0).next_epoch_itr(shuffle=True))
+    consumed = before * steps
+    taken, state = consume(before, steps)
+    assert sorted(taken) == sorted(whole[:consumed])
+    assert (state["global_batches_consumed"], state["global_batches"]) == (consumed, len(whole))
+    assert (state["samples_consumed"], state["samples"]) == (sum(map(len, whole[:consumed])), 23)
+    rest = resume(state, after)
+    in_order = [batch for step in zip(*rest) for batch in step if batch]
+    assert in_order == whole[consumed:]
+    assert sum(map(len, rest)) == -(-len(whole[consumed:]) // after) * after  # every worker takes as many steps
+
+
+def test_an_iterator_resumed_into_another_order_says_so_once_and_resumes_as_fairseq_does(caplog):
+    """Another --seed shuffles the epoch otherwise: one warning, and each worker skips the batches
+    of its own shard that the state counts, as fairseq does without the patch."""
+    _, state = consume(2, 2)
+    with caplog.at_level(logging.WARNING):
+        rest = resume(state, 2, seed=2)
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 2  # one per worker
+    assert "its position cannot be found exactly; resuming at batch 2 of each worker" in caplog.records[0].message
+    for shard in range(2):
+        assert rest[shard] == list(id_iterator(2, shard, seed=2).next_epoch_itr(shuffle=True))[2:]
+
+
+def test_at_an_epoch_boundary_the_state_is_fairseqs():
+    iterator = id_iterator(2, 0)
+    iterator.next_epoch_itr(shuffle=True)
+    assert "global_batches_consumed" not in iterator.state_dict()
 
 
 @pytest.fixture(scope="module")
