@@ -57,6 +57,65 @@ ROLLED_BACK = re.compile(r"update (\d+): the gradient norm is not finite; rolled
                          r"rollback 1 of --max-rollbacks 5$", re.M)
 
 
+# ------------------------------------------------------------------ fp16's loss-scale floor (fairseq's Trainer, CPU)
+
+@pytest.mark.parametrize("optimizer", ["FP16Optimizer", "MemoryEfficientFP16Optimizer"])
+def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_with_the_usual_report(
+        data_bin, tmp_path, caplog, cpu_cuda_call, optimizer):
+    """tests/test_numerical_faults.py's persistent overflow (weights x 1e4: scale 4 -> 2 -> 1, then the
+    floor): with rollback and --max-rollbacks 2, the floor twice rolls back (nothing applied, lr
+    halved each time), the third time ends with the report of a run without rollback."""
+    trainer, sample = fp16_trainer(data_bin, tmp_path, "vaswani_transformer_tiny", optimizer, "--fp16-init-scale", "4",
+                                   "--min-loss-scale", "0.5", "--on-divergence", "rollback", "--max-rollbacks", "2",
+                                   weight_scale=1e4)
+    start = snapshot(trainer)
+    caplog.set_level(logging.INFO)
+    for _ in range(2):  # fairseq's own overflow skips
+        trainer.train_step([sample])
+    for rollback, lr in ((1, 5e-4), (2, 2.5e-4)):
+        caplog.clear()
+        assert trainer.train_step([sample]) is None
+        assert (f"update 1: Minimum loss scale reached (0.5); rolled back: the update is not applied (the model and "
+                f"optimizer are those of update 0), its batches are skipped (sentence ids on rank 0: "
+                f"{list(range(16))}), lr {lr * 2:g} -> {lr:g} (--divergence-lr-factor 0.5); rollback {rollback} of "
+                f"--max-rollbacks 2") in caplog.messages
+        assert trainer.get_lr() == lr and same(snapshot(trainer), start) and trainer.get_num_updates() == 0
+    with pytest.raises(NumericalError) as error:
+        trainer.train_step([sample])
+    assert str(error.value).startswith("update 1: Minimum loss scale reached (0.5). Your loss is probably exploding.")
+    assert same(snapshot(trainer), start)
+
+
+# ------------------------------------------------------------------ the loss-spike rule (patches/divergence.py's _Guard)
+
+def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_warmed_up():
+    """The rule recomputed by hand: the mean of the accepted losses per token, compared from the
+    WARMUP-th accepted update on; a refused loss does not enter the mean; factor 0 turns it off."""
+    trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1)
+    finite = torch.tensor(1.0)
+
+    def check(guard, loss_per_token, tokens=40):
+        guard.loss, guard.tokens = loss_per_token * tokens, tokens
+        return guard.check(trainer, finite)
+
+    guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))
+    assert check(guard, 100.0) is None  # before WARMUP accepted updates nothing is compared
+    for _ in range(WARMUP - 1):
+        assert check(guard, 1.0) is None
+    mean = (100.0 + (WARMUP - 1) * 1.0) / WARMUP  # 10.9
+    assert check(guard, 5 * mean + 0.01) == (f"the loss per token {5 * mean + 0.01:.4g} is above 5 x its running "
+                                            f"mean {mean:.4g}")
+    assert check(guard, 5 * mean - 0.01) is None  # the refused loss left the mean alone
+    assert check(guard, float("inf")) == "the loss is not finite"
+    assert guard.check(trainer, torch.tensor(float("nan"))) == "the gradient norm is not finite"
+
+    off = _Guard(SimpleNamespace(divergence_factor=0.0, divergence_lr_factor=0.5, max_rollbacks=5))
+    for loss in [1.0] * WARMUP + [1e6]:
+        assert check(off, loss) is None
+
+
+# ------------------------------------------------------------------ end to end (slow, so last: pytest -x stops earlier)
+
 @pytest.mark.slow
 def test_two_workers_roll_back_a_poisoned_update_and_end_as_a_run_without_it(data_bin, tmp_path):
     """2 workers x --update-freq 1 with --on-divergence rollback; the reference is 1 process x
@@ -119,60 +178,3 @@ def test_stop_is_fairseqs_behaviour_with_the_same_one_line_report(data_bin, tmp_
     assert on[0] == off[0] != 0
     assert report(on[1]) == report(off[1]) and "Inf in the forward output of encoder.embed_tokens" in report(on[1])
     assert "rolled back" not in on[1]
-
-
-# ------------------------------------------------------------------ fp16's loss-scale floor (fairseq's Trainer, CPU)
-
-@pytest.mark.parametrize("optimizer", ["FP16Optimizer", "MemoryEfficientFP16Optimizer"])
-def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_with_the_usual_report(
-        data_bin, tmp_path, caplog, cpu_cuda_call, optimizer):
-    """tests/test_numerical_faults.py's persistent overflow (weights x 1e4: scale 4 -> 2 -> 1, then the
-    floor): with rollback and --max-rollbacks 2, the floor twice rolls back (nothing applied, lr
-    halved each time), the third time ends with the report of a run without rollback."""
-    trainer, sample = fp16_trainer(data_bin, tmp_path, "vaswani_transformer_tiny", optimizer, "--fp16-init-scale", "4",
-                                   "--min-loss-scale", "0.5", "--on-divergence", "rollback", "--max-rollbacks", "2",
-                                   weight_scale=1e4)
-    start = snapshot(trainer)
-    caplog.set_level(logging.INFO)
-    for _ in range(2):  # fairseq's own overflow skips
-        trainer.train_step([sample])
-    for rollback, lr in ((1, 5e-4), (2, 2.5e-4)):
-        caplog.clear()
-        assert trainer.train_step([sample]) is None
-        assert (f"update 1: Minimum loss scale reached (0.5); rolled back: the update is not applied (the model and "
-                f"optimizer are those of update 0), its batches are skipped (sentence ids on rank 0: "
-                f"{list(range(16))}), lr {lr * 2:g} -> {lr:g} (--divergence-lr-factor 0.5); rollback {rollback} of "
-                f"--max-rollbacks 2") in caplog.messages
-        assert trainer.get_lr() == lr and same(snapshot(trainer), start) and trainer.get_num_updates() == 0
-    with pytest.raises(NumericalError) as error:
-        trainer.train_step([sample])
-    assert str(error.value).startswith("update 1: Minimum loss scale reached (0.5). Your loss is probably exploding.")
-    assert same(snapshot(trainer), start)
-
-
-# ------------------------------------------------------------------ the loss-spike rule (patches/divergence.py's _Guard)
-
-def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_warmed_up():
-    """The rule recomputed by hand: the mean of the accepted losses per token, compared from the
-    WARMUP-th accepted update on; a refused loss does not enter the mean; factor 0 turns it off."""
-    trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1)
-    finite = torch.tensor(1.0)
-
-    def check(guard, loss_per_token, tokens=40):
-        guard.loss, guard.tokens = loss_per_token * tokens, tokens
-        return guard.check(trainer, finite)
-
-    guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))
-    assert check(guard, 100.0) is None  # before WARMUP accepted updates nothing is compared
-    for _ in range(WARMUP - 1):
-        assert check(guard, 1.0) is None
-    mean = (100.0 + (WARMUP - 1) * 1.0) / WARMUP  # 10.9
-    assert check(guard, 5 * mean + 0.01) == (f"the loss per token {5 * mean + 0.01:.4g} is above 5 x its running "
-                                            f"mean {mean:.4g}")
-    assert check(guard, 5 * mean - 0.01) is None  # the refused loss left the mean alone
-    assert check(guard, float("inf")) == "the loss is not finite"
-    assert guard.check(trainer, torch.tensor(float("nan"))) == "the gradient norm is not finite"
-
-    off = _Guard(SimpleNamespace(divergence_factor=0.0, divergence_lr_factor=0.5, max_rollbacks=5))
-    for loss in [1.0] * WARMUP + [1e6]:
-        assert check(off, loss) is None
