@@ -226,7 +226,8 @@ def test_a_kill_mid_epoch_resumed_on_other_workers_follows_the_uninterrupted_run
         assert_every_sentence_once(runs, epoch, sentences)
         combined = per_update(runs[0].get(epoch, []) + runs[1].get(epoch, []))
         assert combined == per_update(ref_batches[epoch])
-    assert int(line.group(4)) == sum(len(b) for _, b in runs[0][2])  # the line's count: sentences consumed
+    # the line's counts: the sentences consumed, of all the epoch's sentences
+    assert (int(line.group(4)), int(line.group(5))) == (sum(len(b) for _, b in runs[0][2]), sentences)
     assert_same_weights(os.path.join(save, "checkpoint_last.pt"), ref_checkpoint, exact=True)
 
 
@@ -248,6 +249,7 @@ def test_three_workers_resumed_on_two_see_every_sentence_once_and_say_the_contin
     sentences = train_sentences(data_bin)
     for epoch in (1, 2):
         assert_every_sentence_once(runs, epoch, sentences)
+    assert (int(line.group(4)), int(line.group(5))) == (sum(len(b) for _, b in runs[0][2]), sentences)
     assert len(runs[0][1]) == BATCHES
     assert sorted({update for update, _ in runs[1][2]}) == [5, 6]
     assert num_updates(load_state(os.path.join(save, "checkpoint_last.pt"))) == 6
