@@ -84,6 +84,8 @@ SCENARIOS = {
     "long-beams": (2, ["beam"] * 17 + ["any", "beam"]),
     # one row taken from the last beam, the rest staying: only the first beam's first row crosses
     "one-row-across": (3, ["beam"] * 2 + ["lopsided", "beam"]),
+    # the last row dropped: no longer whole beams (fairseq's contract allows any order)
+    "a-row-short-of-whole-beams": (3, ["beam"] * 2 + ["short", "any"]),
     "first-reorder-not-beams": (0, ["any"] * 6),
     "never-reordered": (1, ["any"] * 5),
 }
@@ -94,6 +96,8 @@ def make_order(kind, rows, beam, g):
         return within_beams(rows, beam, g, drop=kind == "drop", move=kind == "move")
     if kind == "cross":
         return torch.roll(torch.arange(rows), 1)  # every row continues its neighbour's, across beams
+    if kind == "short":
+        return torch.arange(rows - 1)
     if kind == "lopsided":
         order = torch.arange(rows)
         order[0] = rows - 1
