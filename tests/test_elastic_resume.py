@@ -197,6 +197,7 @@ def reference(data_bin, tmp_path_factory):
 RESUMED = re.compile(r"resumed epoch (\d+) after (\d+) of its (\d+) global batches \((\d+) of (\d+) sentences\), "
                      r"written by (\d+) workers? x --update-freq (\d+); the remaining (\d+) batches are split among "
                      r"(\d+) workers? x --update-freq (\d+), (.*)$", re.M)
+WORKERS = {1: "1 worker", 2: "2 workers"}  # as the line says them
 
 
 @pytest.mark.slow
@@ -217,6 +218,8 @@ def test_a_kill_mid_epoch_resumed_on_other_workers_follows_the_uninterrupted_run
     assert line, log[-3000:]
     assert line.groups()[:3] == ("2", "4", str(BATCHES))
     assert line.groups()[5:10] == (*map(str, before), str(BATCHES - 4), *map(str, after))
+    assert (f"written by {WORKERS[before[0]]} x --update-freq {before[1]}; " in line.group(0)
+            and f"split among {WORKERS[after[0]]} x --update-freq {after[1]}, " in line.group(0)), line.group(0)
     assert line.group(11) == "2 per update as before: the same global batches as an uninterrupted run"
     ref_checkpoint, ref_batches = reference
     runs = [batches(killed_ids, until=KILLED_AT), batches(resumed_ids)]
@@ -244,6 +247,7 @@ def test_three_workers_resumed_on_two_see_every_sentence_once_and_say_the_contin
     line = RESUMED.search(log)
     assert line, log[-3000:]
     assert line.groups()[:3] == ("2", "3", str(BATCHES)) and line.groups()[5:10] == ("3", "1", "4", "2", "1")
+    assert "written by 3 workers x --update-freq 1; " in line.group(0), line.group(0)
     assert line.group(11).startswith("2 per update instead of 3: an exact continuation is impossible")
     runs = [batches(killed_ids, until=4), batches(resumed_ids)]
     sentences = train_sentences(data_bin)
