@@ -171,13 +171,13 @@ def test_an_iterator_resumed_on_other_workers_takes_the_rest_of_the_uninterrupte
 def test_an_iterator_resumed_into_another_order_says_so_once_and_resumes_as_fairseq_does(caplog):
     """Another --seed shuffles the epoch otherwise: one warning, and each worker skips the batches
     of its own shard that the state counts, as fairseq does without the patch."""
-    _, state = consume(2, 2)
+    _, state = consume(2, 3)
     with caplog.at_level(logging.WARNING):
         rest = resume(state, 2, seed=2)
     assert [r.message for r in caplog.records].count(caplog.records[0].message) == 2  # one per worker
-    assert "its position cannot be found exactly; resuming at batch 2 of each worker" in caplog.records[0].message
+    assert "its position cannot be found exactly; resuming at batch 3 of each worker" in caplog.records[0].message
     for shard in range(2):
-        assert rest[shard] == list(id_iterator(2, shard, seed=2).next_epoch_itr(shuffle=True))[2:]
+        assert rest[shard] == list(id_iterator(2, shard, seed=2).next_epoch_itr(shuffle=True))[3:]
 
 
 def test_at_an_epoch_boundary_the_state_is_fairseqs():
