@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.network import free_port
+from fairseq_plugins.patches import elastic_resume
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
 BATCHES = 7  # per epoch
@@ -178,6 +180,16 @@ def test_an_iterator_resumed_into_another_order_says_so_once_and_resumes_as_fair
     assert "its position cannot be found exactly; resuming at batch 3 of each worker" in caplog.records[0].message
     for shard in range(2):
         assert rest[shard] == list(id_iterator(2, shard, seed=2).next_epoch_itr(shuffle=True))[3:]
+
+
+def test_a_save_without_an_iterator_state_is_fairseqs(monkeypatch):
+    """A program of its own that saves through Trainer.save_checkpoint with no iterator state in
+    ``extra_state`` gets fairseq's save, the state untouched (no --update-freq to record)."""
+    saved = []
+    monkeypatch.setattr(elastic_resume, "SAVE", lambda trainer, filename, extra_state: saved.append(extra_state))
+    for extra_state in ({}, None, {"train_iterator": {"epoch": 1, "iterations_in_epoch": 2}}):
+        elastic_resume.save_checkpoint(SimpleNamespace(), "checkpoint.pt", extra_state)
+    assert saved == [{}, None, {"train_iterator": {"epoch": 1, "iterations_in_epoch": 2}}]
 
 
 def test_at_an_epoch_boundary_the_state_is_fairseqs():
