@@ -84,7 +84,7 @@ class BeamCache:
     ``kinds`` (name -> kind, in the state's order) and ``tensors`` (name -> tensor, as laid out)
     are for reading; only the methods write them."""
 
-    def __init__(self, rows: int, beam_size: int = 1, device: Optional[torch.device] = None,
+    def __init__(self, rows: int, beam_size: int, device: Optional[torch.device] = None,
                  concatenate: bool = False):
         if concatenate and beam_size != 1:
             raise ValueError(f"the concatenating layout has one row per hypothesis (beam_size 1), got {beam_size}")
