@@ -107,6 +107,7 @@ def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_war
                                             f"mean {mean:.4g}")
     assert check(guard, 5 * mean - 0.01) is None  # the refused loss left the mean alone
     assert check(guard, float("inf")) == "the loss is not finite"
+    assert check(guard, float("nan")) == "the loss is not finite"  # with a finite gradient norm
     assert guard.check(trainer, torch.tensor(float("nan"))) == "the gradient norm is not finite"
 
     off = _Guard(SimpleNamespace(divergence_factor=0.0, divergence_lr_factor=0.5, max_rollbacks=5))

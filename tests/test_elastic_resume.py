@@ -142,13 +142,16 @@ def consume(shards, steps):
     return taken, state
 
 
-def resume(state, shards, seed=1):
-    """What each of ``shards`` workers resumed from ``state`` takes in the rest of the epoch."""
+def resume(state, shards, seed=1, then=None):
+    """What each of ``shards`` workers resumed from ``state`` takes in the rest of the epoch (and,
+    into ``then``, in the whole next epoch)."""
     rest = []
     for shard in range(shards):
         iterator = id_iterator(shards, shard, seed)
         iterator.load_state_dict(state)
         rest.append(list(iterator.next_epoch_itr(shuffle=True)))
+        if then is not None:
+            then.append(list(iterator.next_epoch_itr(shuffle=True)))
     return rest
 
 
@@ -157,16 +160,20 @@ def test_an_iterator_resumed_on_other_workers_takes_the_rest_of_the_uninterrupte
     """In process, fairseq's EpochBatchIterator alone (no training): the oracle is the epoch's order
     as one uninterrupted worker takes it. The old workers took its first before x steps batches;
     the new workers, step by step, take the rest in that order (fairseq pads a short shard with
-    empty batches); the state counts the global batches and sentences consumed."""
-    whole = list(id_iterator(1, 0).next_epoch_itr(shuffle=True))
+    empty batches), then the whole next epoch in its own order; the state counts the global
+    batches and sentences consumed."""
+    uninterrupted = id_iterator(1, 0)
+    whole, second = (list(uninterrupted.next_epoch_itr(shuffle=True)) for _ in range(2))
     consumed = before * steps
     taken, state = consume(before, steps)
     assert sorted(taken) == sorted(whole[:consumed])
     assert (state["global_batches_consumed"], state["global_batches"]) == (consumed, len(whole))
     assert (state["samples_consumed"], state["samples"]) == (sum(map(len, whole[:consumed])), 23)
-    rest = resume(state, after)
+    next_epoch = []
+    rest = resume(state, after, then=next_epoch)
     in_order = [batch for step in zip(*rest) for batch in step if batch]
     assert in_order == whole[consumed:]
+    assert [batch for step in zip(*next_epoch) for batch in step if batch] == second  # the next epoch is whole
     assert sum(map(len, rest)) == -(-len(whole[consumed:]) // after) * after  # every worker takes as many steps
 
 
