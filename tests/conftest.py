@@ -1,4 +1,5 @@
 import os
+import pathlib
 import pickle
 
 import pytest
@@ -10,10 +11,14 @@ from skip_policy import pytest_make_collect_report, pytest_runtest_makereport  #
 
 def built_once(tmp_path_factory, name, build):
     """``build(folder)``'s result, built once per test run: under pytest-xdist the workers share one
-    folder (the first builds it under a file lock, the others wait and read the pickled result)."""
+    folder (the first builds it under a file lock, the others wait and read the pickled result).
+    With FAIRSEQ_PLUGINS_TEST_SHARED=DIR, built once in DIR for every run that sets it: for
+    scripts/mutation.sh, whose mutants of one file all reuse what the unmutated code built."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's folder, above every worker's own
+    if os.environ.get("FAIRSEQ_PLUGINS_TEST_SHARED"):
+        root = pathlib.Path(os.environ["FAIRSEQ_PLUGINS_TEST_SHARED"])
     folder, result = root / f"shared-{name}", root / f"shared-{name}.pickle"
     with FileLock(str(result) + ".lock"):
         if not result.exists():

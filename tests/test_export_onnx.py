@@ -25,6 +25,7 @@ from fairseq_plugins.cli import export_onnx
 from fairseq_plugins.data.synthetic_corpus import preprocess_args
 from fairseq_plugins.export.common import build_model, read_checkpoint
 from fairseq_plugins_onnx import Translator, top_k
+from conftest import built_once
 from helpers import ONE_THREAD, USER_DIR, in_parallel, make_corpus, run
 
 pytestmark = pytest.mark.slow
@@ -35,14 +36,17 @@ ATTENTION = ("vaswani_transformer", "rnnsearch")
 MAX_LEN = 200  # fairseq-generate's default --max-len-b
 
 
+# The fixtures below are built_once: a mutation run of the runtime (scripts/mutation.sh) builds
+# them once with the unmutated code; none of them runs the runtime.
 @pytest.fixture(scope="module")
 def test100(tmp_path_factory, data_bin):
     """The corpus with 100 test sentences (the same training split), binarized with data_bin's dictionary."""
-    root = tmp_path_factory.mktemp("onnx-data")
-    raw = make_corpus(str(root / "raw"), test=100)
-    dest = str(root / "bin")
-    run(["fairseq-preprocess", *preprocess_args(raw, dest, srcdict=f"{data_bin}/dict.src.txt")])
-    return raw, dest
+    def build(root):
+        raw = make_corpus(str(root / "raw"), test=100)
+        dest = str(root / "bin")
+        run(["fairseq-preprocess", *preprocess_args(raw, dest, srcdict=f"{data_bin}/dict.src.txt")])
+        return raw, dest
+    return built_once(tmp_path_factory, "onnx-data", build)
 
 
 def export(*args):
@@ -52,29 +56,39 @@ def export(*args):
 
 @pytest.fixture(scope="module")
 def folders(generation_models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("onnx-folders")
-    for family in FAMILIES:
-        export(generation_models[family], root / family, "--beam", "4")
-    return {family: str(root / family) for family in FAMILIES}
+    def build(root):
+        for family in FAMILIES:
+            export(generation_models[family], root / family, "--beam", "4")
+        return {family: str(root / family) for family in FAMILIES}
+    return built_once(tmp_path_factory, "onnx-folders", build)
 
 
-def fairseq_generate(data, checkpoint, family):
-    """{id: (source, hypothesis, score in nats, soft alignment rows or None)} of fairseq-generate --beam 4."""
+def fairseq_generate(data, checkpoint, family, *options):
+    """{id: [(source, hypothesis, score in nats, soft alignment rows or None, positional scores in nats)]
+    best first} of fairseq-generate --beam 4 (and ``options``)."""
     flags = ["--print-alignment", "soft"] if family in ATTENTION else []
     out = run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "4",
-               "--batch-size", "32", "--cpu", "--num-workers", "0", *flags], env=ONE_THREAD)
-    rows = {}
-    for kind, i, rest in re.findall(r"^([SHA])-(\d+)\t(.*)$", out, flags=re.M):
-        rows.setdefault(int(i), {})[kind] = rest
-    return {i: (r["S"], r["H"].split("\t")[1], float(r["H"].split("\t")[0]) * math.log(2),  # printed in base 2
-                [[float(p) for p in row.split(",")] for row in r["A"].split()] if "A" in r else None)
-            for i, r in rows.items()}
+               "--batch-size", "32", "--cpu", "--num-workers", "0", *flags, *options], env=ONE_THREAD)
+    sources, rows = {}, {}
+    for kind, i, rest in re.findall(r"^([SHPA])-(\d+)\t(.*)$", out, flags=re.M):
+        if kind == "S":
+            sources[int(i)] = rest
+        elif kind == "H":
+            rows.setdefault(int(i), []).append({"H": rest})
+        else:
+            rows[int(i)][-1][kind] = rest
+    return {i: [(sources[i], r["H"].split("\t")[1], float(r["H"].split("\t")[0]) * math.log(2),  # printed in base 2
+                 [[float(p) for p in row.split(",")] for row in r["A"].split()] if "A" in r else None,
+                 [float(p) * math.log(2) for p in r["P"].split()]) for r in hypos]
+            for i, hypos in rows.items()}
 
 
 @pytest.fixture(scope="module")
-def generated(generation_models, test100):
-    return dict(zip(FAMILIES, in_parallel([lambda family=family: fairseq_generate(
-        test100[1], generation_models[family], family) for family in FAMILIES])))
+def generated(generation_models, test100, tmp_path_factory):
+    """{family: {id: fairseq-generate --beam 4's best (source, hypothesis, score, alignment)}}."""
+    return built_once(tmp_path_factory, "onnx-generated", lambda _: dict(zip(FAMILIES, in_parallel([
+        lambda family=family: {i: hypos[0][:4] for i, hypos in fairseq_generate(
+            test100[1], generation_models[family], family).items()} for family in FAMILIES]))))
 
 
 def _left_padded(rows, pad):
@@ -221,6 +235,44 @@ def test_beam_search_equals_fairseq_generate(family, folders, generated):
     assert identical >= IDENTICAL, f"{family}: {identical}/100 identical"
 
 
+@pytest.fixture(scope="module")
+def generated_options(generation_models, test100, tmp_path_factory):
+    """{family: fairseq-generate --beam 4 --nbest 4 --lenpen 0.6 --max-len-b 3 --print-alignment soft}."""
+    return built_once(tmp_path_factory, "onnx-generated-options", lambda _: dict(zip(ATTENTION, in_parallel([
+        lambda family=family: fairseq_generate(test100[1], generation_models[family], family, "--nbest", "4",
+                                               "--lenpen", "0.6", "--max-len-b", "3") for family in ATTENTION]))))
+
+
+@pytest.mark.parametrize("family", ATTENTION)
+def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, generated_options, data_bin):
+    """n_best=4, lenpen=0.6, max_len_b=3 and the folder's beam, in batches of 7 (fairseq's of 32):
+    every hypothesis of every sentence in fairseq-generate's order, with its score, positional scores
+    and alignment. Unknown source words are <unk>, as fairseq's dictionary encodes them."""
+    from fairseq.data import Dictionary
+
+    expected = generated_options[family]
+    ids = sorted(expected)
+    translator = Translator(folders[family])
+    unknown = ["no-such-word", *expected[ids[0]][0][0].split()]
+    assert translator.encode(unknown) == Dictionary.load(f"{data_bin}/dict.src.txt").encode_line(
+        " ".join(unknown), add_if_not_exist=False).tolist()
+    results = translator.translate([expected[i][0][0].split() for i in ids], n_best=4, lenpen=0.6, max_len_b=3,
+                                   batch_size=7)
+    lengths = set()
+    for i, hypos in zip(ids, results):
+        assert len(hypos) == len(expected[i]) == 4, f"{family}: sentence {i}"
+        for rank, (h, (_, hypothesis, score, alignment, positional)) in enumerate(zip(hypos, expected[i])):
+            where = f"{family}: sentence {i}, hypothesis {rank}"
+            assert " ".join(h.tokens) == hypothesis and h.score == pytest.approx(score, abs=1e-4), where
+            assert h.ids[-1] == translator.eos and len(h.ids) == len(h.tokens) + 1, where
+            np.testing.assert_allclose(h.positional_scores, positional, atol=1e-4, rtol=0, err_msg=where)
+            np.testing.assert_allclose(np.array(h.attention), np.array(alignment), atol=1e-4, rtol=0, err_msg=where)
+            lengths.add(len(h.tokens))
+    assert max(lengths) == 3 and min(lengths) < 3, lengths  # the limit cuts some, not all
+    with pytest.raises(ValueError, match="n_best 5"):
+        translator.translate([unknown], n_best=5)
+
+
 def test_runtime_needs_neither_torch_nor_fairseq(folders, generated):
     """The folder's own copy of the runtime, imported in a fresh interpreter, translates as the package's."""
     folder = folders["rnnsearch"]
@@ -235,9 +287,11 @@ def test_runtime_needs_neither_torch_nor_fairseq(folders, generated):
 
 
 @pytest.mark.parametrize("family", ["rnnsearch", "vaswani_transformer"])
-def test_int8_keeps_hypotheses_and_bleu(family, folders, generation_models, generated, test100, tmp_path):
-    out = tmp_path / "int8"
-    export(generation_models[family], out, "--beam", "4", "--quantize", "int8")
+def test_int8_keeps_hypotheses_and_bleu(family, folders, generation_models, generated, test100, tmp_path_factory):
+    def build(root):
+        export(generation_models[family], root / "int8", "--beam", "4", "--quantize", "int8")
+        return str(root / "int8")
+    out = built_once(tmp_path_factory, f"onnx-int8-{family}", build)
     expected = generated[family]
     ids = sorted(expected)
     sources = [expected[i][0].split() for i in ids]
