@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -695,14 +696,26 @@ def test_preemption_option_from_the_configuration(data_bin):
     assert slurm_cfg(data_bin).checkpoint.preemption_timeout == 60
 
 
-def test_preemption_timeout_reaches_the_patch_through_train_main(data_bin, tmp_path):
-    """``fairseq_cli.train.main(cfg)`` from Python: the value in the cfg is the one the patch checks."""
+@pytest.mark.parametrize("timeout", [-5.0, 0.0, 0.5])
+def test_preemption_timeout_reaches_the_patch_through_train_main(data_bin, tmp_path, timeout):
+    """``fairseq_cli.train.main(cfg)`` from Python: the value in the cfg is the one the patch checks;
+    any positive number of seconds is taken, below one too."""
     import fairseq_cli.train
     cfg = slurm_cfg(data_bin, "--max-update", "1", "--save-dir", str(tmp_path), "--max-tokens", "500",
                     "--num-workers", "0")
     with open_dict(cfg):
-        cfg.checkpoint.preemption_timeout = -5.0
-    with pytest.raises(ConfigError, match=r"^--preemption-timeout -5: must be a positive number of seconds$"):
+        cfg.checkpoint.preemption_timeout = timeout
+    if timeout > 0:
+        handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            fairseq_cli.train.main(cfg)
+        finally:  # the run armed its signals in this process: give pytest's back
+            signal.set_wakeup_fd(-1)
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+        assert (tmp_path / "checkpoint_last.pt").is_file()
+        return
+    with pytest.raises(ConfigError, match=rf"^--preemption-timeout {timeout:g}: must be a positive number of seconds$"):
         fairseq_cli.train.main(cfg)
 
 
