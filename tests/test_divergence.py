@@ -16,13 +16,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.trainer import Trainer
 from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
+from omegaconf import open_dict
 
 from test_numerical_faults import cpu_cuda_call, fp16_trainer, same, snapshot  # noqa: F401  (a fixture)
 
 from fairseq_plugins.checkpoints import load_state
-from fairseq_plugins.errors import NumericalError
+from fairseq_plugins.errors import ConfigError, NumericalError
 from fairseq_plugins.network import free_port
+from fairseq_plugins.patches import divergence
 from fairseq_plugins.patches.divergence import WARMUP, _Guard
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
@@ -113,6 +118,63 @@ def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_war
     off = _Guard(SimpleNamespace(divergence_factor=0.0, divergence_lr_factor=0.5, max_rollbacks=5))
     for loss in [1.0] * WARMUP + [1e6]:
         assert check(off, loss) is None
+
+
+def test_every_worker_takes_the_decision_on_the_loss_summed_over_the_workers(monkeypatch):
+    """Two workers (the other's sums added by a stand-in for fairseq's all-reduce): the loss per
+    token compared is the global one, so both workers refuse, or accept, the same update."""
+    trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=2, data_parallel_process_group=None)
+    other = torch.tensor([4000.0, 40.0], dtype=torch.float64)  # the other worker: 100 per token
+    reduced = []
+    monkeypatch.setattr(divergence.distributed_utils, "all_reduce",
+                        lambda tensor, group: reduced.append(tensor.add_(other)))
+    guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))
+    for _ in range(WARMUP):
+        guard.loss, guard.tokens = 40.0, 40  # this worker: 1 per token, so 50.5 per token in all
+        assert guard.check(trainer, torch.tensor(1.0)) is None
+    guard.loss, guard.tokens = 40.0 * 20, 40  # 20 per token: above 5 x this worker's own mean 1; 60 in all
+    assert guard.check(trainer, torch.tensor(1.0)) is None
+    guard.loss, guard.tokens, other[0] = 40.0, 40, 40000.0  # 1 per token here; (40 + 40000) / 80 = 500.5 in all
+    assert guard.check(trainer, torch.tensor(1.0)).startswith("the loss per token 500.5 is above 5 x its running mean")
+    assert len(reduced) == WARMUP + 2
+
+
+def fp32_trainer(data_bin, save_dir, *flags):
+    """fairseq's Trainer built from fairseq-train's flags, and one batch of 16 sentences."""
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        data_bin, "--arch", "vaswani_transformer_tiny", "--criterion", "label_smoothed_xent", "--optimizer", "adam",
+        "--lr", "1e-3", "--cpu", "--seed", "1", "--save-dir", str(save_dir), *map(str, flags)])
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    dataset = task.dataset("train")
+    return cfg, task, dataset.collater([dataset[i] for i in range(16)])
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--divergence-factor", -1], "--divergence-factor -1: must be 0 (off) or positive"),
+    (["--divergence-lr-factor", 0], "--divergence-lr-factor 0: must be in (0, 1]"),
+    (["--divergence-lr-factor", 1.5], "--divergence-lr-factor 1.5: must be in (0, 1]"),
+    (["--max-rollbacks", -1], "--max-rollbacks -1: must be 0 or more"),
+    (["--on-divergence", "skip"], "--on-divergence skip: must be stop or rollback"),  # a config file's value
+    (["--divergence-factor", 0, "--divergence-lr-factor", 1, "--max-rollbacks", 0], None),  # the edges are taken
+])
+def test_option_values_are_checked_at_the_first_update(data_bin, tmp_path, flags, error):
+    """With --on-divergence rollback, a value out of range is one ConfigError naming the flag and
+    the value, before anything is trained; the edges of each range train."""
+    choice = flags[1] if flags[0] == "--on-divergence" else None
+    cfg, task, sample = fp32_trainer(data_bin, tmp_path, "--on-divergence", "rollback",
+                                     *([] if choice else flags))
+    if choice:  # argparse allows only the choices; a config file or fairseq_cli.train.main(cfg) may hold any
+        with open_dict(cfg):
+            cfg.optimization.on_divergence = choice
+    trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    if error is None:
+        assert trainer.train_step([sample]) is not None and trainer.get_num_updates() == 1
+        return
+    with pytest.raises(ConfigError) as raised:
+        trainer.train_step([sample])
+    assert str(raised.value) == error and trainer.get_num_updates() == 0
 
 
 # ------------------------------------------------------------------ end to end (slow, so last: pytest -x stops earlier)

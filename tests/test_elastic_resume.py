@@ -189,6 +189,15 @@ def test_an_iterator_resumed_into_another_order_says_so_once_and_resumes_as_fair
         assert rest[shard] == list(id_iterator(2, shard, seed=2).next_epoch_itr(shuffle=True))[3:]
 
 
+def test_a_state_fairseq_wrote_without_the_suite_resumes_as_fairseq_does():
+    """A checkpoint of a run without the suite holds fairseq's own iterator state (no record of the
+    order): each worker skips the batches of its own shard that the state counts."""
+    state = {"version": 2, "epoch": 1, "iterations_in_epoch": 3, "shuffle": True}
+    rest = resume(state, 2)
+    for shard in range(2):
+        assert rest[shard] == list(id_iterator(2, shard).next_epoch_itr(shuffle=True))[3:]
+
+
 def test_a_save_without_an_iterator_state_is_fairseqs(monkeypatch):
     """A program of its own that saves through Trainer.save_checkpoint with no iterator state in
     ``extra_state`` gets fairseq's save, the state untouched (no --update-freq to record)."""
