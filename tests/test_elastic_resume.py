@@ -198,6 +198,43 @@ def test_a_state_fairseq_wrote_without_the_suite_resumes_as_fairseq_does():
         assert rest[shard] == list(id_iterator(2, shard).next_epoch_itr(shuffle=True))[3:]
 
 
+def test_the_resume_line_says_whether_the_updates_group_the_same_batches(monkeypatch, caplog):
+    """In process, the patch's load_checkpoint over a stand-in for fairseq's (returning the resumed
+    iterator): a state saved by 2 workers x --update-freq 1 after 2 steps, resumed with as many
+    batches per update, fewer and more; and a state that did not record --update-freq."""
+    def config(update_freq):
+        return SimpleNamespace(optimization=SimpleNamespace(update_freq=[update_freq]))
+
+    monkeypatch.setattr(elastic_resume, "SAVE", lambda trainer, filename, extra_state: None)
+    _, state = consume(2, 2)
+    unrecorded = dict(state)
+    elastic_resume.save_checkpoint(SimpleNamespace(cfg=config(1)), "checkpoint.pt", {"train_iterator": state})
+    assert state["update_freq"] == 1 and "update_freq" not in unrecorded
+
+    def line(state, workers, update_freq):
+        iterator = id_iterator(workers, 0)
+        iterator.load_state_dict(state)
+        monkeypatch.setattr(elastic_resume, "LOAD_CHECKPOINT", lambda cfg, trainer, **kwargs: ({}, iterator))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=elastic_resume.__name__):
+            elastic_resume.load_checkpoint(config(update_freq), SimpleNamespace(cfg=config(update_freq)))
+        [message] = caplog.messages
+        start = "resumed epoch 1 after 4 of its 12 global batches (8 of 23 sentences), written by "
+        assert message.startswith(start), message
+        return message[len(start):]
+
+    same = "per update as before: the same global batches as an uninterrupted run"
+    other = "an exact continuation is impossible (the updates group other batches); every remaining sentence of " \
+            "the epoch is still seen once"
+    assert line(state, 1, 2) == f"2 workers x --update-freq 1; the remaining 8 batches are split among 1 worker x " \
+                                f"--update-freq 2, 2 {same}"
+    assert line(state, 3, 1) == f"2 workers x --update-freq 1; the remaining 8 batches are split among 3 workers x " \
+                                f"--update-freq 1, 3 per update instead of 2: {other}"
+    assert line(state, 1, 1).endswith(f"split among 1 worker x --update-freq 1, 1 per update instead of 2: {other}")
+    assert line(unrecorded, 2, 1) == f"2 workers x --update-freq ?; the remaining 8 batches are split among 2 " \
+                                     f"workers x --update-freq 1, 2 per update instead of an unknown count: {other}"
+
+
 def test_a_save_without_an_iterator_state_is_fairseqs(monkeypatch):
     """A program of its own that saves through Trainer.save_checkpoint with no iterator state in
     ``extra_state`` gets fairseq's save, the state untouched (no --update-freq to record)."""
