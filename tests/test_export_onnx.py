@@ -269,8 +269,11 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
             np.testing.assert_allclose(np.array(h.attention), np.array(alignment), atol=1e-4, rtol=0, err_msg=where)
             lengths.add(len(h.tokens))
     assert max(lengths) == 3 and min(lengths) < 3, lengths  # the limit cuts some, not all
-    with pytest.raises(ValueError, match="n_best 5"):
-        translator.translate([unknown], n_best=5)
+    for n_best in (0, 5):
+        with pytest.raises(ValueError, match=rf"^n_best {n_best}: must be in \[1, beam 4\]$"):
+            translator.translate([unknown], n_best=n_best)
+    with pytest.raises(FileNotFoundError, match="no config.json; not a folder written by fairseq-plugins-export-onnx"):
+        Translator(os.path.dirname(folders[family]))
 
 
 def test_runtime_needs_neither_torch_nor_fairseq(folders, generated):
