@@ -276,6 +276,39 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
         Translator(os.path.dirname(folders[family]))
 
 
+@pytest.fixture(scope="module")
+def bos_model(generation_models, test100, tmp_path_factory):
+    """The RNNsearch with <s> made more likely than </s> (</s>'s output row, its bias + 0.3):
+    (its ONNX folder, fairseq-generate --nbest 4's output)."""
+    def build(root):
+        checkpoint = str(root / "checkpoint.pt")
+        state = torch.load(generation_models["rnnsearch"], map_location="cpu", weights_only=False)
+        weight, bias = state["model"]["decoder.W_o.weight"], state["model"]["decoder.W_o.bias"]
+        bos, eos = 0, 2  # fairseq's Dictionary
+        weight[bos], bias[bos] = weight[eos], bias[eos] + 0.3
+        torch.save(state, checkpoint)
+        export(checkpoint, root / "onnx", "--beam", "4")
+        return str(root / "onnx"), fairseq_generate(test100[1], checkpoint, "rnnsearch", "--nbest", "4")
+    return built_once(tmp_path_factory, "onnx-bos", build)
+
+
+def test_a_model_that_writes_bos_decodes_as_fairseq_generate(bos_model):
+    """<s> is a word like any other to fairseq's beam search (only </s> ends a hypothesis): on a
+    model that writes it, every hypothesis of --nbest 4, its score and positional scores, as
+    fairseq-generate's (whose printed text leaves <s> out: the runtime's tokens keep it)."""
+    folder, expected = bos_model
+    ids = sorted(expected)
+    results = Translator(folder).translate([expected[i][0][0].split() for i in ids], n_best=4)
+    with_bos = 0
+    for i, hypos in zip(ids, results):
+        for rank, (h, (_, hypothesis, score, _, positional)) in enumerate(zip(hypos, expected[i])):
+            with_bos += "<s>" in h.tokens
+            assert [t for t in h.tokens if t != "<s>"] == hypothesis.split(), (i, rank)
+            assert h.score == pytest.approx(score, abs=1e-4), (i, rank)
+            np.testing.assert_allclose(h.positional_scores, positional, atol=1e-4, rtol=0, err_msg=f"{i}, {rank}")
+    assert with_bos >= 10, with_bos  # the case this test is for
+
+
 def test_runtime_needs_neither_torch_nor_fairseq(folders, generated):
     """The folder's own copy of the runtime, imported in a fresh interpreter, translates as the package's."""
     folder = folders["rnnsearch"]
