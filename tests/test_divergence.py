@@ -99,8 +99,10 @@ def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_war
     trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1)
     finite = torch.tensor(1.0)
 
-    def check(guard, loss_per_token, tokens=40):
-        guard.loss, guard.tokens = loss_per_token * tokens, tokens
+    def check(guard, loss_per_token, tokens=40):  # an update of two batches (--update-freq 2), 10 and 30 tokens
+        guard.loss = guard.tokens = 0.0
+        for part in (tokens // 4, tokens - tokens // 4):
+            guard.add(loss_per_token * part, part)
         return guard.check(trainer, finite)
 
     guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))

@@ -189,6 +189,19 @@ def test_an_iterator_resumed_into_another_order_says_so_once_and_resumes_as_fair
         assert rest[shard] == list(id_iterator(2, shard, seed=2).next_epoch_itr(shuffle=True))[3:]
 
 
+def test_the_state_at_the_end_of_an_epoch_is_fairseqs():
+    """Workers that took their whole epoch save fairseq's own state (the next epoch, none of it
+    consumed), which any number of workers resumes with the whole next epoch."""
+    taken, state = consume(2, len(ID_BATCHES) // 2)
+    assert len(taken) == len(ID_BATCHES)
+    assert state == {"version": 2, "epoch": 2, "iterations_in_epoch": 0, "shuffle": True}
+    uninterrupted = id_iterator(1, 0)
+    second = [list(uninterrupted.next_epoch_itr(shuffle=True)) for _ in range(2)][1]
+    for workers in (1, 3):
+        rest = resume(state, workers)
+        assert [batch for step in zip(*rest) for batch in step if batch] == second
+
+
 def test_a_state_fairseq_wrote_without_the_suite_resumes_as_fairseq_does():
     """A checkpoint of a run without the suite holds fairseq's own iterator state (no record of the
     order): each worker skips the batches of its own shard that the state counts."""

@@ -245,7 +245,7 @@ def generated_options(generation_models, test100, tmp_path_factory):
 
 @pytest.mark.parametrize("family", ATTENTION)
 def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, generated_options, data_bin):
-    """n_best=4, lenpen=0.6, max_len_b=3 and the folder's beam, in batches of 7 (fairseq's of 32):
+    """n_best=4, lenpen=0.6, max_len_b=3 and the folder's beam, in batches of 7 and 100 (fairseq's of 32):
     every hypothesis of every sentence in fairseq-generate's order, with its score, positional scores
     and alignment. Unknown source words are <unk>, as fairseq's dictionary encodes them."""
     from fairseq.data import Dictionary
@@ -256,9 +256,27 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
     unknown = ["no-such-word", *expected[ids[0]][0][0].split()]
     assert translator.encode(unknown) == Dictionary.load(f"{data_bin}/dict.src.txt").encode_line(
         " ".join(unknown), add_if_not_exist=False).tolist()
-    results = translator.translate([expected[i][0][0].split() for i in ids], n_best=4, lenpen=0.6, max_len_b=3,
-                                   batch_size=7)
+    sources = [expected[i][0][0].split() for i in ids]
     lengths = set()
+    options = dict(n_best=4, lenpen=0.6, max_len_b=3)
+    for batch_size in (7, 100):
+        results = translator.translate(sources, batch_size=batch_size, **options)
+        _assert_same_nbest(family, expected, ids, results, translator, lengths)
+    short = sources[0][:1]  # padded to more than twice its length in a batch with the others: as alone
+    for alone, batched in zip(translator.translate([short], **options)[0],
+                              translator.translate([short, *sources], batch_size=101, **options)[0]):
+        assert alone.tokens == batched.tokens and alone.score == pytest.approx(batched.score, abs=1e-5)
+        np.testing.assert_allclose(np.array(batched.attention), np.array(alone.attention), atol=1e-5, rtol=0)
+    assert max(lengths) == 3 and min(lengths) < 3, lengths  # the limit cuts some, not all
+    for n_best in (0, 5):
+        with pytest.raises(ValueError, match=rf"^n_best {n_best}: must be in \[1, beam 4\]$"):
+            translator.translate([unknown], n_best=n_best)
+    with pytest.raises(FileNotFoundError, match="no config.json; not a folder written by fairseq-plugins-export-onnx"):
+        Translator(os.path.dirname(folders[family]))
+
+
+def _assert_same_nbest(family, expected, ids, results, translator, lengths):
+    """Every hypothesis as fairseq-generate's; the lengths seen go into ``lengths``."""
     for i, hypos in zip(ids, results):
         assert len(hypos) == len(expected[i]) == 4, f"{family}: sentence {i}"
         for rank, (h, (_, hypothesis, score, alignment, positional)) in enumerate(zip(hypos, expected[i])):
@@ -268,12 +286,6 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
             np.testing.assert_allclose(h.positional_scores, positional, atol=1e-4, rtol=0, err_msg=where)
             np.testing.assert_allclose(np.array(h.attention), np.array(alignment), atol=1e-4, rtol=0, err_msg=where)
             lengths.add(len(h.tokens))
-    assert max(lengths) == 3 and min(lengths) < 3, lengths  # the limit cuts some, not all
-    for n_best in (0, 5):
-        with pytest.raises(ValueError, match=rf"^n_best {n_best}: must be in \[1, beam 4\]$"):
-            translator.translate([unknown], n_best=n_best)
-    with pytest.raises(FileNotFoundError, match="no config.json; not a folder written by fairseq-plugins-export-onnx"):
-        Translator(os.path.dirname(folders[family]))
 
 
 @pytest.fixture(scope="module")
