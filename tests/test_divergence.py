@@ -28,10 +28,11 @@ from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError, NumericalError
 from fairseq_plugins.network import free_port
 from fairseq_plugins.patches import divergence
-from fairseq_plugins.patches.divergence import WARMUP, _Guard
+from fairseq_plugins.patches.divergence import _Guard
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
 POISON = "5"  # a sentence id
+WARMUP, WINDOW = 10, 100  # the loss rule's documented constants (docs/RELIABILITY.md)
 TOTAL = 6
 
 
@@ -120,6 +121,29 @@ def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_war
     off = _Guard(SimpleNamespace(divergence_factor=0.0, divergence_lr_factor=0.5, max_rollbacks=5))
     for loss in [1.0] * WARMUP + [1e6]:
         assert check(off, loss) is None
+
+
+def test_the_running_mean_averages_the_first_100_losses_then_forgets_at_that_span():
+    """100 accepted losses of 1 per token, then 50 of 2: the mean is 1, then the exponential one of
+    span 100 (each update weighs 1/100), 2 - 0.99**50 = 1.395; a loss just above 5 x that is refused."""
+    trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1)
+    guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))
+    mean = 0.0
+    for n, loss in enumerate([1.0] * WINDOW + [2.0] * 50, start=1):
+        guard.loss, guard.tokens = loss * 40, 40
+        assert guard.check(trainer, torch.tensor(1.0)) is None
+        mean = mean + (loss - mean) / n if n <= WINDOW else 0.99 * mean + 0.01 * loss
+    assert round(mean, 3) == 1.395
+    guard.loss, guard.tokens = 5 * mean * 40 + 0.4, 40
+    assert guard.check(trainer, torch.tensor(1.0)).endswith(f"above 5 x its running mean {mean:.4g}")
+
+
+def test_the_defaults_are_the_documented_ones(data_bin, tmp_path):
+    """docs/RELIABILITY.md's table: stop; factor 5, lr factor 0.5, 5 rollbacks (fairseq-train's parser)."""
+    cfg, _, _ = fp32_trainer(data_bin, tmp_path)
+    optimization = cfg.optimization
+    assert (optimization.on_divergence, optimization.divergence_factor, optimization.divergence_lr_factor,
+            optimization.max_rollbacks) == ("stop", 5.0, 0.5, 5)
 
 
 def test_every_worker_takes_the_decision_on_the_loss_summed_over_the_workers(monkeypatch):
