@@ -9,9 +9,11 @@ of them; the one difference allowed is a near tie of two hypotheses both cut at 
 import contextlib
 import functools
 import http.server
+import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -237,15 +239,15 @@ def test_beam_search_equals_fairseq_generate(family, folders, generated):
 
 @pytest.fixture(scope="module")
 def generated_options(generation_models, test100, tmp_path_factory):
-    """{family: fairseq-generate --beam 4 --nbest 4 --lenpen 0.6 --max-len-b 3 --print-alignment soft}."""
+    """{family: fairseq-generate --beam 4 --nbest 4 --lenpen 2 --max-len-b 3 --print-alignment soft}."""
     return built_once(tmp_path_factory, "onnx-generated-options", lambda _: dict(zip(ATTENTION, in_parallel([
         lambda family=family: fairseq_generate(test100[1], generation_models[family], family, "--nbest", "4",
-                                               "--lenpen", "0.6", "--max-len-b", "3") for family in ATTENTION]))))
+                                               "--lenpen", "2", "--max-len-b", "3") for family in ATTENTION]))))
 
 
 @pytest.mark.parametrize("family", ATTENTION)
 def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, generated_options, data_bin):
-    """n_best=4, lenpen=0.6, max_len_b=3 and the folder's beam, in batches of 7 and 100 (fairseq's of 32):
+    """n_best=4, lenpen=2.0, max_len_b=3 and the folder's beam, in batches of 7 and 100 (fairseq's of 32):
     every hypothesis of every sentence in fairseq-generate's order, with its score, positional scores
     and alignment. Unknown source words are <unk>, as fairseq's dictionary encodes them."""
     from fairseq.data import Dictionary
@@ -258,7 +260,7 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
         " ".join(unknown), add_if_not_exist=False).tolist()
     sources = [expected[i][0][0].split() for i in ids]
     lengths = set()
-    options = dict(n_best=4, lenpen=0.6, max_len_b=3)
+    options = dict(n_best=4, lenpen=2.0, max_len_b=3)
     for batch_size in (7, 100):
         results = translator.translate(sources, batch_size=batch_size, **options)
         _assert_same_nbest(family, expected, ids, results, translator, lengths)
@@ -273,6 +275,36 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
             translator.translate([unknown], n_best=n_best)
     with pytest.raises(FileNotFoundError, match="no config.json; not a folder written by fairseq-plugins-export-onnx"):
         Translator(os.path.dirname(folders[family]))
+
+
+def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, generated):
+    """fairseq's loop ends once each sentence has `beam` finished hypotheses: in one batch of 100,
+    with every hypothesis returned (n_best = beam), the steps run are the longest one's tokens
+    (</s> included), not --max-len-b's 200."""
+    expected = generated["vaswani_transformer"]
+    translator = Translator(folders["vaswani_transformer"])
+    steps, run_step = [], translator._run_step
+    translator._run_step = lambda *args: steps.append(1) or run_step(*args)
+    results = translator.translate([expected[i][0].split() for i in sorted(expected)], n_best=4, batch_size=100)
+    longest = max(len(h.ids) for hypos in results for h in hypos)
+    assert len(steps) == longest < MAX_LEN, (len(steps), longest)
+
+
+@pytest.mark.parametrize("positions", [4, 6])
+def test_the_models_target_positions_bound_the_length_as_in_fairseq(folders, generated, tmp_path, positions):
+    """A model with fewer target positions than --max-len-b (a folder whose config says 4 or 6):
+    hypotheses as with max_len_b = positions - 1, fairseq's min(max_len_b, positions - 1)."""
+    folder = tmp_path / "folder"
+    shutil.copytree(folders["rnnsearch"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_target_positions"] = positions
+    (folder / "config.json").write_text(json.dumps(config))
+    expected = generated["rnnsearch"]
+    sources = [expected[i][0].split() for i in sorted(expected)]
+    bounded = Translator(str(folder)).translate(sources, n_best=4)
+    cut = Translator(folders["rnnsearch"]).translate(sources, n_best=4, max_len_b=positions - 1)
+    assert [[h.tokens for h in hypos] for hypos in bounded] == [[h.tokens for h in hypos] for hypos in cut]
+    assert max(len(h.tokens) for hypos in bounded for h in hypos) == positions - 1
 
 
 def _assert_same_nbest(family, expected, ids, results, translator, lengths):
