@@ -688,6 +688,32 @@ def test_heartbeat_timeout_reaches_init_process_group_which_is_left_as_found(dat
     assert torch.distributed.init_process_group is recording
 
 
+def test_the_first_preemption_signal_is_the_one_named_and_arms_one_deadline(monkeypatch):
+    """The watcher fed through its pipe as the C handler feeds it (no real signal: pytest keeps its
+    own): SIGINT, then SIGTERM, SIGUSR1 and SIGTERM again. SIGINT is not a preemption; the stop names
+    SIGTERM, and one --preemption-timeout deadline is armed, a daemon (it must not hold the exit of
+    a run that ends normally after the signal)."""
+    from fairseq_plugins.patches import preemption
+    deadlines = []
+
+    class Deadline:
+        def __init__(self, seconds, then):
+            self.seconds, self.daemon = seconds, False
+
+        def start(self):
+            deadlines.append((self.seconds, self.daemon))
+
+    monkeypatch.setattr(preemption.threading, "Timer", Deadline)
+    run = preemption.Preemption(30.0)
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, bytes([signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGTERM]))
+    os.close(write_fd)
+    with contextlib.suppress(IndexError):  # the pipe's end: an empty read (a real one never ends)
+        run._watch(read_fd)
+    os.close(read_fd)
+    assert run.received == "SIGTERM" and deadlines == [(30.0, True)]
+
+
 def test_preemption_option_from_the_configuration(data_bin):
     with out("preemption"):
         with pytest.raises(SystemExit):  # fairseq has no such flag
