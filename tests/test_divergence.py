@@ -97,11 +97,11 @@ def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_wit
 def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_warmed_up():
     """The rule recomputed by hand: the mean of the accepted losses per token, compared from the
     WARMUP-th accepted update on; a refused loss does not enter the mean; factor 0 turns it off."""
-    trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1)
+    trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1, optimizer=SimpleNamespace())
     finite = torch.tensor(1.0)
 
     def check(guard, loss_per_token, tokens=40):  # an update of two batches (--update-freq 2), 10 and 30 tokens
-        guard.loss = guard.tokens = 0.0
+        guard.start(trainer)
         for part in (tokens // 4, tokens - tokens // 4):
             guard.add(loss_per_token * part, part)
         return guard.check(trainer, finite)

@@ -322,13 +322,14 @@ def _assert_same_nbest(family, expected, ids, results, translator, lengths):
 
 @pytest.fixture(scope="module")
 def bos_model(generation_models, test100, tmp_path_factory):
-    """The RNNsearch with <s> made more likely than </s> (</s>'s output row, its bias + 0.3):
-    (its ONNX folder, fairseq-generate --nbest 4's output)."""
+    """The RNNsearch with </s> made likelier (its bias + 3) and <s> likelier still (</s>'s output
+    row, its bias + 0.3): (its ONNX folder, fairseq-generate --nbest 4's output)."""
     def build(root):
         checkpoint = str(root / "checkpoint.pt")
         state = torch.load(generation_models["rnnsearch"], map_location="cpu", weights_only=False)
         weight, bias = state["model"]["decoder.W_o.weight"], state["model"]["decoder.W_o.bias"]
         bos, eos = 0, 2  # fairseq's Dictionary
+        bias[eos] += 3.0
         weight[bos], bias[bos] = weight[eos], bias[eos] + 0.3
         torch.save(state, checkpoint)
         export(checkpoint, root / "onnx", "--beam", "4")
@@ -337,9 +338,10 @@ def bos_model(generation_models, test100, tmp_path_factory):
 
 
 def test_a_model_that_writes_bos_decodes_as_fairseq_generate(bos_model):
-    """<s> is a word like any other to fairseq's beam search (only </s> ends a hypothesis): on a
-    model that writes it, every hypothesis of --nbest 4, its score and positional scores, as
-    fairseq-generate's (whose printed text leaves <s> out: the runtime's tokens keep it)."""
+    """<s> is a word like any other to fairseq's beam search (only </s> ends a hypothesis, and not
+    at the first step): on a model that writes <s> and would end at once, every hypothesis of
+    --nbest 4, its score and positional scores, as fairseq-generate's (whose printed text leaves
+    <s> out: the runtime's tokens keep it)."""
     folder, expected = bos_model
     ids = sorted(expected)
     results = Translator(folder).translate([expected[i][0][0].split() for i in ids], n_best=4)
