@@ -248,6 +248,19 @@ def test_the_resume_line_says_whether_the_updates_group_the_same_batches(monkeyp
                                      f"workers x --update-freq 1, 2 per update instead of an unknown count: {other}"
 
 
+def test_a_save_records_the_update_freq_of_its_epoch(monkeypatch):
+    """fairseq's per-epoch --update-freq 3,1 (its last value for every later epoch): a mid-epoch
+    state of epoch 1, 2 or 5 records 3, 1, 1."""
+    monkeypatch.setattr(elastic_resume, "SAVE", lambda trainer, filename, extra_state: None)
+    trainer = SimpleNamespace(cfg=SimpleNamespace(optimization=SimpleNamespace(update_freq=[3, 1])))
+    recorded = []
+    for epoch in (1, 2, 5):
+        state = {"epoch": epoch, elastic_resume.CONSUMED: 2}
+        elastic_resume.save_checkpoint(trainer, "checkpoint.pt", {"train_iterator": state})
+        recorded.append(state["update_freq"])
+    assert recorded == [3, 1, 1]
+
+
 def test_a_save_without_an_iterator_state_is_fairseqs(monkeypatch):
     """A program of its own that saves through Trainer.save_checkpoint with no iterator state in
     ``extra_state`` gets fairseq's save, the state untouched (no --update-freq to record)."""
