@@ -146,6 +146,21 @@ def test_the_defaults_are_the_documented_ones(data_bin, tmp_path):
             optimization.max_rollbacks) == ("stop", 5.0, 0.5, 5)
 
 
+def test_the_guard_sums_the_batches_of_an_update_but_not_fairseqs_dummy_batches(monkeypatch):
+    """The task's train_step (fairseq's, a stand-in here) feeds the guard each batch's summed loss
+    and sample size; a dummy batch (ignore_grad: fairseq's stand-in for a worker out of data)
+    adds nothing, and outside an update (no start) nothing is summed."""
+    monkeypatch.setattr(divergence, "TASK_STEP", lambda task, sample, model, criterion, optimizer, update_num,
+                        ignore_grad: (None, sample["n"], {"loss": 2.0 * sample["n"]}))
+    guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))
+    criterion = SimpleNamespace(**{divergence.GUARD: guard})
+    divergence.task_train_step(None, {"n": 7}, None, criterion, None, 1, False)  # before the update began
+    guard.start(SimpleNamespace(optimizer=SimpleNamespace()))
+    for n, dummy in ((10, False), (30, False), (50, True)):
+        assert divergence.task_train_step(None, {"n": n}, None, criterion, None, 1, dummy) == (None, n, {"loss": 2.0 * n})
+    assert (guard.loss, guard.tokens) == (80.0, 40)
+
+
 def test_every_worker_takes_the_decision_on_the_loss_summed_over_the_workers(monkeypatch):
     """Two workers (the other's sums added by a stand-in for fairseq's all-reduce): the loss per
     token compared is the global one, so both workers refuse, or accept, the same update."""
