@@ -192,6 +192,25 @@ def fp32_trainer(data_bin, save_dir, *flags):
     return cfg, task, dataset.collater([dataset[i] for i in range(16)])
 
 
+@pytest.mark.parametrize("on_divergence", ["stop", "rollback"])
+def test_an_out_of_memory_batch_is_skipped_as_fairseq_skips_it(data_bin, tmp_path, monkeypatch, on_divergence):
+    """fairseq-train calls train_step(samples): an out-of-memory error in the batch is logged and the
+    batch skipped (fairseq's raise_oom=False), not raised; the next batch trains."""
+    cfg, task, sample = fp32_trainer(data_bin, tmp_path, "--on-divergence", on_divergence)
+    trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    task_step, calls = divergence.TASK_STEP, []
+
+    def out_of_memory_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("CUDA out of memory (a stand-in)")
+        return task_step(*args)
+
+    monkeypatch.setattr(divergence, "TASK_STEP", out_of_memory_once)
+    assert trainer.train_step([sample]) is None and trainer.get_num_updates() == 0
+    assert trainer.train_step([sample]) is not None and trainer.get_num_updates() == 1
+
+
 @pytest.mark.parametrize("flags, error", [
     (["--divergence-factor", -1], "--divergence-factor -1: must be 0 (off) or positive"),
     (["--divergence-lr-factor", 0], "--divergence-lr-factor 0: must be in (0, 1]"),

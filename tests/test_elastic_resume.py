@@ -202,6 +202,27 @@ def test_the_state_at_the_end_of_an_epoch_is_fairseqs():
         assert [batch for step in zip(*rest) for batch in step if batch] == second
 
 
+def test_another_order_of_batches_of_one_size_is_seen_too(caplog):
+    """24 sentences in batches of 2: another --seed reorders batches that all have the same size,
+    so only their sentences tell the orders apart; the resume still says so and falls back."""
+    ids = _Ids(24)
+    pairs = [[i, i + 1] for i in range(0, 24, 2)]
+
+    def iterator(seed):
+        return iterators.EpochBatchIterator(ids, ids.collater, pairs, seed=seed, num_shards=2, shard_id=0)
+
+    first = iterator(1)
+    epoch = first.next_epoch_itr(shuffle=True)
+    for _ in range(3):
+        next(epoch)
+    state = first.state_dict()
+    resumed = iterator(2)
+    with caplog.at_level(logging.WARNING):
+        resumed.load_state_dict(state)
+    assert "its position cannot be found exactly; resuming at batch 3 of each worker" in caplog.text
+    assert list(resumed.next_epoch_itr(shuffle=True)) == list(iterator(2).next_epoch_itr(shuffle=True))[3:]
+
+
 def test_a_state_fairseq_wrote_without_the_suite_resumes_as_fairseq_does():
     """A checkpoint of a run without the suite holds fairseq's own iterator state (no record of the
     order): each worker skips the batches of its own shard that the state counts."""
