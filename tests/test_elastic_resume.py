@@ -202,6 +202,26 @@ def test_the_state_at_the_end_of_an_epoch_is_fairseqs():
         assert [batch for step in zip(*rest) for batch in step if batch] == second
 
 
+def test_grouped_shuffling_resumes_on_as_many_workers_as_fairseq_does():
+    """--grouped-shuffling shuffles groups of as many batches as workers, so the order depends on
+    their number: resumed after 2 steps on the same 2 workers, each takes the rest of its own list."""
+    def iterator(shard):
+        return iterators.EpochBatchIterator(IDS, IDS.collater, ID_BATCHES, seed=1, num_shards=2, shard_id=shard,
+                                            grouped_shuffling=True)
+
+    state = None
+    for shard in range(2):
+        first = iterator(shard)
+        epoch = first.next_epoch_itr(shuffle=True)
+        for _ in range(2):
+            next(epoch)
+        state = state or first.state_dict()
+    for shard in range(2):
+        resumed = iterator(shard)
+        resumed.load_state_dict(state)
+        assert list(resumed.next_epoch_itr(shuffle=True)) == list(iterator(shard).next_epoch_itr(shuffle=True))[2:]
+
+
 def test_another_order_of_batches_of_one_size_is_seen_too(caplog):
     """24 sentences in batches of 2: another --seed reorders batches that all have the same size,
     so only their sentences tell the orders apart; the resume still says so and falls back."""
