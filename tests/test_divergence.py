@@ -161,6 +161,19 @@ def test_the_guard_sums_the_batches_of_an_update_but_not_fairseqs_dummy_batches(
     assert (guard.loss, guard.tokens) == (80.0, 40)
 
 
+def test_the_guard_is_back_on_after_fairseqs_own_run_of_an_update_past_max_rollbacks(monkeypatch):
+    """Past --max-rollbacks, a divergence fairseq stops on is run again as fairseq runs it (the guard
+    off, for fairseq's own report); if that run goes through (the divergence did not recur), the
+    guard is on again for the next update."""
+    guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=0))
+    trainer = SimpleNamespace(criterion=SimpleNamespace(**{divergence.GUARD: guard}), zero_grad=lambda: None,
+                              get_num_updates=lambda: 3, data_parallel_rank=0)
+    during = []
+    monkeypatch.setattr(divergence, "TRAIN_STEP", lambda trainer, samples: during.append(divergence._guard(trainer)))
+    divergence._roll_back(trainer, guard, [], divergence._Diverged("the gradient norm is not finite", True))
+    assert during == [None] and divergence._guard(trainer) is guard
+
+
 def test_every_worker_takes_the_decision_on_the_loss_summed_over_the_workers(monkeypatch):
     """Two workers (the other's sums added by a stand-in for fairseq's all-reduce): the loss per
     token compared is the global one, so both workers refuse, or accept, the same update."""
