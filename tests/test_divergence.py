@@ -16,13 +16,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fairseq import options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
 from omegaconf import open_dict
 
-from test_numerical_faults import cpu_cuda_call, fp16_trainer, same, snapshot  # noqa: F401  (a fixture)
+from test_numerical_faults import cpu_cuda_call, fp16_trainer, same, snapshot, training_setup  # noqa: F401  (a fixture)
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError, NumericalError
@@ -140,7 +138,7 @@ def test_the_running_mean_averages_the_first_100_losses_then_forgets_at_that_spa
 
 def test_the_defaults_are_the_documented_ones(data_bin, tmp_path):
     """docs/RELIABILITY.md's table: stop; factor 5, lr factor 0.5, 5 rollbacks (fairseq-train's parser)."""
-    cfg, _, _ = fp32_trainer(data_bin, tmp_path)
+    cfg, _, _ = training_setup(data_bin, tmp_path, "vaswani_transformer_tiny")
     optimization = cfg.optimization
     assert (optimization.on_divergence, optimization.divergence_factor, optimization.divergence_lr_factor,
             optimization.max_rollbacks) == ("stop", 5.0, 0.5, 5)
@@ -193,23 +191,11 @@ def test_every_worker_takes_the_decision_on_the_loss_summed_over_the_workers(mon
     assert len(reduced) == WARMUP + 2
 
 
-def fp32_trainer(data_bin, save_dir, *flags):
-    """fairseq's Trainer built from fairseq-train's flags, and one batch of 16 sentences."""
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        data_bin, "--arch", "vaswani_transformer_tiny", "--criterion", "label_smoothed_xent", "--optimizer", "adam",
-        "--lr", "1e-3", "--cpu", "--seed", "1", "--save-dir", str(save_dir), *map(str, flags)])
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    task.load_dataset("train")
-    dataset = task.dataset("train")
-    return cfg, task, dataset.collater([dataset[i] for i in range(16)])
-
-
 @pytest.mark.parametrize("on_divergence", ["stop", "rollback"])
 def test_an_out_of_memory_batch_is_skipped_as_fairseq_skips_it(data_bin, tmp_path, monkeypatch, on_divergence):
     """fairseq-train calls train_step(samples): an out-of-memory error in the batch is logged and the
     batch skipped (fairseq's raise_oom=False), not raised; the next batch trains."""
-    cfg, task, sample = fp32_trainer(data_bin, tmp_path, "--on-divergence", on_divergence)
+    cfg, task, sample = training_setup(data_bin, tmp_path, "vaswani_transformer_tiny", "--on-divergence", on_divergence)
     trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
     task_step, calls = divergence.TASK_STEP, []
 
@@ -236,7 +222,7 @@ def test_option_values_are_checked_at_the_first_update(data_bin, tmp_path, flags
     """With --on-divergence rollback, a value out of range is one ConfigError naming the flag and
     the value, before anything is trained; the edges of each range train."""
     choice = flags[1] if flags[0] == "--on-divergence" else None
-    cfg, task, sample = fp32_trainer(data_bin, tmp_path, "--on-divergence", "rollback",
+    cfg, task, sample = training_setup(data_bin, tmp_path, "vaswani_transformer_tiny", "--on-divergence", "rollback",
                                      *([] if choice else flags))
     if choice:  # argparse allows only the choices; a config file or fairseq_cli.train.main(cfg) may hold any
         with open_dict(cfg):

@@ -112,14 +112,21 @@ def cpu_cuda_call(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
 
 
-def fp16_trainer(data_bin, save_dir, arch, optimizer, *flags, weight_scale=1.0):
-    """fairseq's Trainer built from fairseq-train's flags (--fp16 on CPU), and one batch of 16 sentences."""
+def training_setup(data_bin, save_dir, arch, *flags):
+    """fairseq-train's configuration and task from its flags (on CPU), and one batch of 16 sentences."""
     args = options.parse_args_and_arch(options.get_training_parser(), [
         data_bin, "--arch", arch, "--criterion", "label_smoothed_xent", "--optimizer", "adam", "--lr", "1e-3",
-        "--cpu", "--fp16", *FP16_OPTIMIZERS[optimizer], "--seed", "1", "--save-dir", str(save_dir), *flags])
+        "--cpu", "--seed", "1", "--save-dir", str(save_dir), *map(str, flags)])
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
+    dataset = task.dataset("train")
+    return cfg, task, dataset.collater([dataset[i] for i in range(16)])
+
+
+def fp16_trainer(data_bin, save_dir, arch, optimizer, *flags, weight_scale=1.0):
+    """fairseq's Trainer built from fairseq-train's flags (--fp16 on CPU), and one batch of 16 sentences."""
+    cfg, task, sample = training_setup(data_bin, save_dir, arch, "--fp16", *FP16_OPTIMIZERS[optimizer], *flags)
     model = task.build_model(cfg.model)
     with torch.no_grad():
         for p in model.parameters():
@@ -129,8 +136,7 @@ def fp16_trainer(data_bin, save_dir, arch, optimizer, *flags, weight_scale=1.0):
     assert type(trainer.optimizer.scaler) is DynamicLossScaler
     assert isinstance(trainer.criterion, LabelSmoothedXentCriterion)
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float16}
-    dataset = task.dataset("train")
-    return trainer, dataset.collater([dataset[i] for i in range(16)])
+    return trainer, sample
 
 
 def snapshot(trainer):
