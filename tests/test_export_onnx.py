@@ -263,7 +263,7 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
     options = dict(n_best=4, lenpen=2.0, max_len_b=3)
     for batch_size in (7, 100):
         results = translator.translate(sources, batch_size=batch_size, **options)
-        _assert_same_nbest(family, expected, ids, results, translator, lengths)
+        lengths |= _assert_same_nbest(family, expected, ids, results, translator)
     short = sources[0][:1]  # padded to more than twice its length in a batch with the others: as alone
     for alone, batched in zip(translator.translate([short], **options)[0],
                               translator.translate([short, *sources], batch_size=101, **options)[0]):
@@ -307,8 +307,9 @@ def test_the_models_target_positions_bound_the_length_as_in_fairseq(folders, gen
     assert max(len(h.tokens) for hypos in bounded for h in hypos) == positions - 1
 
 
-def _assert_same_nbest(family, expected, ids, results, translator, lengths):
-    """Every hypothesis as fairseq-generate's; the lengths seen go into ``lengths``."""
+def _assert_same_nbest(family, expected, ids, results, translator):
+    """Every hypothesis as fairseq-generate's; returns the lengths seen."""
+    lengths = set()
     for i, hypos in zip(ids, results):
         assert len(hypos) == len(expected[i]) == 4, f"{family}: sentence {i}"
         for rank, (h, (_, hypothesis, score, alignment, positional)) in enumerate(zip(hypos, expected[i])):
@@ -318,6 +319,7 @@ def _assert_same_nbest(family, expected, ids, results, translator, lengths):
             np.testing.assert_allclose(h.positional_scores, positional, atol=1e-4, rtol=0, err_msg=where)
             np.testing.assert_allclose(np.array(h.attention), np.array(alignment), atol=1e-4, rtol=0, err_msg=where)
             lengths.add(len(h.tokens))
+    return lengths
 
 
 @pytest.fixture(scope="module")
