@@ -105,13 +105,16 @@ def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_war
         return guard.check(trainer, finite)
 
     guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))
-    assert check(guard, 100.0) is None  # before WARMUP accepted updates nothing is compared
     for _ in range(WARMUP - 1):
         assert check(guard, 1.0) is None
+    assert check(guard, 100.0) is None  # 100 x the mean, but only WARMUP - 1 updates were accepted before it
     mean = (100.0 + (WARMUP - 1) * 1.0) / WARMUP  # 10.9
     assert check(guard, 5 * mean + 0.01) == (f"the loss per token {5 * mean + 0.01:.4g} is above 5 x its running "
                                             f"mean {mean:.4g}")
-    assert check(guard, 5 * mean - 0.01) is None  # the refused loss left the mean alone
+    # an update of one token (e.g. one sentence under --sentence-avg): its loss is per that one
+    reason = check(guard, 5 * mean + 0.01, tokens=1)
+    assert reason and reason.startswith(f"the loss per token {5 * mean + 0.01:.4g} "), reason
+    assert check(guard, 5 * mean - 0.01) is None  # the refused losses left the mean alone
     assert check(guard, float("inf")) == "the loss is not finite"
     assert check(guard, float("nan")) == "the loss is not finite"  # with a finite gradient norm
     assert guard.check(trainer, torch.tensor(float("nan"))) == "the gradient norm is not finite"
