@@ -216,6 +216,7 @@ def test_an_out_of_memory_batch_is_skipped_as_fairseq_skips_it(data_bin, tmp_pat
 @pytest.mark.parametrize("flags, error", [
     (["--divergence-factor", -1], "--divergence-factor -1: must be 0 (off) or positive"),
     (["--divergence-lr-factor", 0], "--divergence-lr-factor 0: must be in (0, 1]"),
+    (["--divergence-lr-factor", -0.5], "--divergence-lr-factor -0.5: must be in (0, 1]"),  # lr sign flipped
     (["--divergence-lr-factor", 1.5], "--divergence-lr-factor 1.5: must be in (0, 1]"),
     (["--max-rollbacks", -1], "--max-rollbacks -1: must be 0 or more"),
     (["--on-divergence", "skip"], "--on-divergence skip: must be stop or rollback"),  # a config file's value
