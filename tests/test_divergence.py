@@ -119,6 +119,11 @@ def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_war
     assert check(guard, float("nan")) == "the loss is not finite"  # with a finite gradient norm
     assert guard.check(trainer, torch.tensor(float("nan"))) == "the gradient norm is not finite"
 
+    at = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=5))
+    for _ in range(WARMUP):
+        assert check(at, 1.0) is None  # a mean of exactly 1
+    assert check(at, 5.0) is None  # "above": exactly 5 x the mean is accepted
+
     off = _Guard(SimpleNamespace(divergence_factor=0.0, divergence_lr_factor=0.5, max_rollbacks=5))
     for loss in [1.0] * WARMUP + [1e6]:
         assert check(off, loss) is None
@@ -192,6 +197,24 @@ def test_every_worker_takes_the_decision_on_the_loss_summed_over_the_workers(mon
     guard.loss, guard.tokens, other[0] = 40.0, 40, 40000.0  # 1 per token here; (40 + 40000) / 80 = 500.5 in all
     assert guard.check(trainer, torch.tensor(1.0)).startswith("the loss per token 500.5 is above 5 x its running mean")
     assert len(reduced) == WARMUP + 2
+
+
+def test_a_loss_spike_past_max_rollbacks_stops_the_run_with_nothing_applied(data_bin, tmp_path):
+    """The loss rule is the suite's own (fairseq would step such an update): past --max-rollbacks its
+    divergence stops the run with the reason, the update not applied, instead of being run as
+    fairseq runs it."""
+    cfg, task, sample = training_setup(data_bin, tmp_path, "vaswani_transformer_tiny", "--on-divergence", "rollback",
+                                       "--max-rollbacks", "0")
+    trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    assert trainer.train_step([sample]) is not None
+    guard = divergence._guard(trainer)
+    guard.accepted, guard.mean = WARMUP, 1e-3  # a history of tiny losses: this sample's is a spike
+    start = snapshot(trainer)
+    with pytest.raises(NumericalError) as error:
+        trainer.train_step([sample])
+    assert re.match(r"update 2: the loss per token \S+ is above 5 x its running mean 0\.001; stopped after "
+                    r"--max-rollbacks 0 rollbacks \(sentence ids on rank 0: \[0, ", str(error.value)), str(error.value)
+    assert same(snapshot(trainer), start) and trainer.get_num_updates() == 1
 
 
 @pytest.mark.parametrize("on_divergence", ["stop", "rollback"])
