@@ -150,7 +150,7 @@ def test_every_quantization_exports_loads_and_translates(generation_models, corp
     found = {}
     for quantization in ("float32", *QUANTIZATIONS):
         out_dir = tmp_path / quantization
-        export_ctranslate2.main([checkpoint, str(out_dir)] + (
+        export_ctranslate2.main([str(checkpoint), str(out_dir)] + (
             [] if quantization == "float32" else ["--quantization", quantization]))  # the command's main
         translator = ctranslate2.Translator(str(out_dir), inter_threads=1, intra_threads=1)
         assert translator.compute_type in ctranslate2.get_supported_compute_types("cpu"), quantization
@@ -169,38 +169,42 @@ def test_every_quantization_exports_loads_and_translates(generation_models, corp
         assert all(abs(score - ref_score) < 0.05 for score, ref_score in same), quantization
 
 
-def _refused(cmd, fragment):
-    proc = run(cmd, check=False)
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode != 0 and fragment in lines[-1] and lines[-1].startswith(f"{EXPORT}: error:"), proc.stdout
-    assert "Traceback" not in proc.stdout
+def _refused(args, fragment, capsys):
+    """The command's main() in-process (a fairseq import less per case): exit 2 with one line
+    ``prog: error: ...`` naming ``fragment``; an uncaught exception would fail the test."""
+    with pytest.raises(SystemExit) as exit_info:
+        export_ctranslate2.main([str(a) for a in args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and lines[-1].startswith(f"{EXPORT}: error:") and fragment in lines[-1], lines
 
 
-def test_bad_input_is_refused_by_name_and_nothing_is_written(models, generation_models, tmp_path):
+def test_bad_input_is_refused_by_name_and_nothing_is_written(models, generation_models, tmp_path, capsys):
     _, checkpoint, *_ = models["paper-postln-shared"]
     out_dir = tmp_path / "out"
-    _refused([EXPORT, tmp_path / "missing.pt", out_dir], "missing.pt")
-    _refused([EXPORT, generation_models["rnnsearch"], out_dir], "'rnnsearch_tiny'")  # an RNN (tests/conftest.py)
+    proc = run([EXPORT, tmp_path / "missing.pt", out_dir], check=False)  # the installed command: one line too
+    assert proc.returncode == 2 and proc.stdout.strip().splitlines()[-1].startswith(f"{EXPORT}: error:") \
+        and "missing.pt" in proc.stdout and "Traceback" not in proc.stdout, proc.stdout
+    _refused([generation_models["rnnsearch"], out_dir], "'rnnsearch_tiny'", capsys)  # an RNN (tests/conftest.py)
     # a checkpoint whose options CTranslate2 cannot express
     state = torch.load(checkpoint, weights_only=False)
     state["cfg"]["model"].decoder_embed_dim = 32
     torch.save(state, tmp_path / "widths.pt")
-    _refused([EXPORT, tmp_path / "widths.pt", out_dir], "--decoder-embed-dim 32")
-    _refused([EXPORT, checkpoint, out_dir, "--data", tmp_path / "nowhere"], "nowhere")
+    _refused([tmp_path / "widths.pt", out_dir], "--decoder-embed-dim 32", capsys)
+    _refused([checkpoint, out_dir, "--data", tmp_path / "nowhere"], "nowhere", capsys)
     assert not out_dir.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["widths.pt"]  # no staging left behind
 
     out_dir.mkdir()
     (out_dir / "notes.txt").write_text("mine")
-    _refused([EXPORT, checkpoint, out_dir], "--force")
-    _refused([EXPORT, checkpoint, out_dir, "--force"], "not a CTranslate2 model directory")
+    _refused([checkpoint, out_dir], "--force", capsys)
+    _refused([checkpoint, out_dir, "--force"], "not a CTranslate2 model directory", capsys)
     assert [p.name for p in out_dir.iterdir()] == ["notes.txt"]
     (out_dir / "notes.txt").unlink()
-    _refused([EXPORT, checkpoint, out_dir], "--force")  # even an empty one
-    run([EXPORT, checkpoint, out_dir, "--force"])
-    _refused([EXPORT, checkpoint, out_dir, "--quantization", "int8"], "--force")
+    _refused([checkpoint, out_dir], "--force", capsys)  # even an empty one
+    export_ctranslate2.main([str(checkpoint), str(out_dir), "--force"])
+    _refused([checkpoint, out_dir, "--quantization", "int8"], "--force", capsys)
     assert json.loads((out_dir / "config.json").read_text())["decoder_start_token"] == "</s>"
-    run([EXPORT, checkpoint, out_dir, "--quantization", "int8", "--force"])
+    export_ctranslate2.main([str(checkpoint), str(out_dir), "--quantization", "int8", "--force"])
     assert ctranslate2.Translator(str(out_dir)).translate_batch([["a"]])[0].hypotheses
 
 
