@@ -714,6 +714,41 @@ def test_the_first_preemption_signal_is_the_one_named_and_arms_one_deadline(monk
     assert run.received == "SIGTERM" and deadlines == [(30.0, True)]
 
 
+class _Exited(Exception):
+    """os._exit, made to return to the test."""
+
+
+def test_a_stop_saves_once_and_once_saved_its_deadline_says_no_lie(monkeypatch, tmp_path, capsys):
+    """A stop agreed after an update fairseq has just saved (--save-interval-updates) writes no second
+    checkpoint, one after an update it has not saved writes one; and once the stop's checkpoint is
+    written, a --preemption-timeout deadline that fires (rank 0 waiting at the barrier for a slow peer)
+    exits without its "stopped without a new checkpoint" line. fairseq's save and the exit are faked."""
+    from fairseq_plugins.patches import preemption
+    saves = []
+    monkeypatch.setattr(preemption, "SAVE", lambda cfg, trainer, epoch_itr, val_loss: saves.append(trainer.updates))
+    monkeypatch.setattr(preemption.os, "_exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
+    monkeypatch.setattr(preemption.logging, "shutdown", lambda: None)  # pytest's own handlers stay open
+    trainer = types.SimpleNamespace(updates=6, data_parallel_world_size=1, data_parallel_rank=0,
+                                    checkpoint_suffix="")
+    trainer.get_num_updates = lambda: trainer.updates
+    cfg = types.SimpleNamespace(checkpoint=types.SimpleNamespace(save_dir=str(tmp_path)))
+    for scheduled_save in (True, False):
+        trainer.preemption = preemption.Preemption(60.0)
+        trainer.preemption.received = "SIGTERM"
+        saves.clear()
+        if scheduled_save:
+            checkpoint_utils.save_checkpoint(cfg, trainer, None, None)  # fairseq's save of update 6
+        with pytest.raises(_Exited, match=str(preemption.EXIT_PREEMPTED)):
+            preemption._stop(cfg, trainer, None, trainer.preemption)
+        assert saves == [6], scheduled_save
+        assert capsys.readouterr().err.splitlines() == [
+            f"preempted (SIGTERM): saved {tmp_path}/checkpoint_last.pt at update 6; rerun the same command to "
+            f"resume (exit status {preemption.EXIT_PREEMPTED})"]
+    with pytest.raises(_Exited):
+        trainer.preemption._give_up()
+    assert capsys.readouterr().err == ""
+
+
 def test_preemption_option_from_the_configuration(data_bin):
     with out("preemption"):
         with pytest.raises(SystemExit):  # fairseq has no such flag
