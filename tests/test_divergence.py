@@ -50,7 +50,10 @@ def train(args, workers=1, env=None):
     for rank in range(workers):
         slurm = {"SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": str(workers), "SLURM_NNODES": "1",
                  "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"} if workers > 1 else {}
-        procs.append(subprocess.Popen(cmd, env=cli_env({**ONE_THREAD, "PYTHONUNBUFFERED": "1", **(env or {}), **slurm}),
+        # PYTHONFAULTHANDLER: a worker that aborts (SIGABRT, seen once under load at a two-worker run's
+        # exit) prints every thread's Python stack, so its output says where
+        procs.append(subprocess.Popen(cmd, env=cli_env({**ONE_THREAD, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+                                                        **(env or {}), **slurm}),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return [(p.wait(timeout=600), p.communicate()[0]) for p in procs]
 
