@@ -168,6 +168,12 @@ def test_the_guard_sums_the_batches_of_an_update_but_not_fairseqs_dummy_batches(
     for n, dummy in ((10, False), (30, False), (50, True)):
         assert divergence.task_train_step(None, {"n": n}, None, criterion, None, 1, dummy) == (None, n, {"loss": 2.0 * n})
     assert (guard.loss, guard.tokens) == (80.0, 40)
+    # a criterion of the user's that logs no "loss": nothing is added to the loss, so the loss rule never
+    # fires on it (a made-up loss per batch, divided by the tokens, would spike on a short update)
+    monkeypatch.setattr(divergence, "TASK_STEP", lambda task, sample, model, criterion, optimizer, update_num,
+                        ignore_grad: (None, sample["n"], {"nll_loss": 1.0}))
+    divergence.task_train_step(None, {"n": 5}, None, criterion, None, 1, False)
+    assert (guard.loss, guard.tokens) == (80.0, 45)
 
 
 def test_the_guard_is_back_on_after_fairseqs_own_run_of_an_update_past_max_rollbacks(monkeypatch):
