@@ -71,7 +71,8 @@ def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_wit
         data_bin, tmp_path, caplog, cpu_cuda_call, optimizer):
     """tests/test_numerical_faults.py's persistent overflow (weights x 1e4: scale 4 -> 2 -> 1, then the
     floor): with rollback and --max-rollbacks 2, the floor twice rolls back (nothing applied, lr
-    halved each time), the third time ends with the report of a run without rollback."""
+    halved each time, and still when the scheduler sets it again), the third time ends with the report of a
+    run without rollback."""
     trainer, sample = fp16_trainer(data_bin, tmp_path, "vaswani_transformer_tiny", optimizer, "--fp16-init-scale", "4",
                                    "--min-loss-scale", "0.5", "--on-divergence", "rollback", "--max-rollbacks", "2",
                                    weight_scale=1e4)
@@ -87,6 +88,8 @@ def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_wit
                 f"{list(range(16))}), lr {lr * 2:g} -> {lr:g} (--divergence-lr-factor 0.5); rollback {rollback} of "
                 f"--max-rollbacks 2") in caplog.messages
         assert trainer.get_lr() == lr and same(snapshot(trainer), start) and trainer.get_num_updates() == 0
+    trainer.lr_step_begin_epoch(2)  # the scheduler sets the lr anew through the fp16 wrapper: the scale holds
+    assert trainer.get_lr() == 2.5e-4
     with pytest.raises(NumericalError) as error:
         trainer.train_step([sample])
     assert str(error.value).startswith("update 1: Minimum loss scale reached (0.5). Your loss is probably exploding.")
@@ -187,6 +190,20 @@ def test_the_guard_is_back_on_after_fairseqs_own_run_of_an_update_past_max_rollb
     monkeypatch.setattr(divergence, "TRAIN_STEP", lambda trainer, samples: during.append(divergence._guard(trainer)))
     divergence._roll_back(trainer, guard, [], divergence._Diverged("the gradient norm is not finite", True))
     assert during == [None] and divergence._guard(trainer) is guard
+
+
+def test_a_run_resumed_with_fewer_max_rollbacks_than_it_used_stops_at_its_next_divergence():
+    """3 rollbacks restored from the checkpoint, resumed with --max-rollbacks 2: the next divergence
+    stops the run (it is past the limit, not only at it), nothing rolled back, the lr as it was."""
+    guard = _Guard(SimpleNamespace(divergence_factor=5.0, divergence_lr_factor=0.5, max_rollbacks=2))
+    guard.rollbacks, guard.lr_scale = 3, 0.125  # as load_checkpoint restores them
+    trainer = SimpleNamespace(zero_grad=lambda: None, get_num_updates=lambda: 7, data_parallel_rank=0)
+    with pytest.raises(NumericalError, match=r"^update 8: the loss per token 9 is above 5 x its running mean 1; "
+                                             r"stopped after --max-rollbacks 2 rollbacks \(sentence ids on rank 0: "
+                                             r"\[3, 4\]\)$"):
+        divergence._roll_back(trainer, guard, [{"id": torch.tensor([4, 3])}, {}],
+                              divergence._Diverged("the loss per token 9 is above 5 x its running mean 1", False))
+    assert (guard.rollbacks, guard.lr_scale) == (3, 0.125)
 
 
 def test_every_worker_takes_the_decision_on_the_loss_summed_over_the_workers(monkeypatch):
