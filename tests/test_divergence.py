@@ -100,7 +100,7 @@ def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_wit
 
 def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_warmed_up():
     """The rule recomputed by hand: the mean of the accepted losses per token, compared from the
-    WARMUP-th accepted update on; a refused loss does not enter the mean; factor 0 turns it off."""
+    WARMUP-th accepted update on; a refused loss does not enter the mean; factor 0 turns it off, any positive one is taken."""
     trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1, optimizer=SimpleNamespace())
     finite = torch.tensor(1.0)
 
@@ -133,6 +133,11 @@ def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_war
     off = _Guard(SimpleNamespace(divergence_factor=0.0, divergence_lr_factor=0.5, max_rollbacks=5))
     for loss in [1.0] * WARMUP + [1e6]:
         assert check(off, loss) is None
+
+    strict = _Guard(SimpleNamespace(divergence_factor=1.0, divergence_lr_factor=0.5, max_rollbacks=5))  # 1: any rise
+    for _ in range(WARMUP):
+        assert check(strict, 1.0) is None
+    assert check(strict, 1.5) == "the loss per token 1.5 is above 1 x its running mean 1"
 
 
 def test_the_running_mean_averages_the_first_100_losses_then_forgets_at_that_span():
