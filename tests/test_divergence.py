@@ -52,8 +52,8 @@ def train(args, workers=1, env=None):
                  "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"} if workers > 1 else {}
         # PYTHONFAULTHANDLER: a worker that aborts (SIGABRT, seen once under load at a two-worker run's
         # exit) prints every thread's Python stack, so its output says where
-        procs.append(subprocess.Popen(cmd, env=cli_env({**ONE_THREAD, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
-                                                        **(env or {}), **slurm}),
+        procs.append(subprocess.Popen(cmd, env=cli_env({**ONE_THREAD, "PYTHONUNBUFFERED": "1",
+                                                        "PYTHONFAULTHANDLER": "1", **(env or {}), **slurm}),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return [(p.wait(timeout=600), p.communicate()[0]) for p in procs]
 
@@ -100,7 +100,8 @@ def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_wit
 
 def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_warmed_up():
     """The rule recomputed by hand: the mean of the accepted losses per token, compared from the
-    WARMUP-th accepted update on; a refused loss does not enter the mean; factor 0 turns it off, any positive one is taken."""
+    WARMUP-th accepted update on; a refused loss does not enter the mean; factor 0 turns it off, any
+    positive one is taken."""
     trainer = SimpleNamespace(device=torch.device("cpu"), data_parallel_world_size=1, optimizer=SimpleNamespace())
     finite = torch.tensor(1.0)
 

@@ -725,12 +725,12 @@ def test_a_stop_saves_once_and_once_saved_its_deadline_says_no_lie(monkeypatch, 
     exits without its "stopped without a new checkpoint" line. fairseq's save and the exit are faked."""
     from fairseq_plugins.patches import preemption
     saves = []
-    monkeypatch.setattr(preemption, "SAVE", lambda cfg, trainer, epoch_itr, val_loss: saves.append(trainer.updates))
+    monkeypatch.setattr(preemption, "SAVE",
+                        lambda cfg, trainer, epoch_itr, val_loss: saves.append(trainer.get_num_updates()))
     monkeypatch.setattr(preemption.os, "_exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
     monkeypatch.setattr(preemption.logging, "shutdown", lambda: None)  # pytest's own handlers stay open
-    trainer = types.SimpleNamespace(updates=6, data_parallel_world_size=1, data_parallel_rank=0,
+    trainer = types.SimpleNamespace(get_num_updates=lambda: 6, data_parallel_world_size=1, data_parallel_rank=0,
                                     checkpoint_suffix="")
-    trainer.get_num_updates = lambda: trainer.updates
     cfg = types.SimpleNamespace(checkpoint=types.SimpleNamespace(save_dir=str(tmp_path)))
     for scheduled_save in (True, False):
         trainer.preemption = preemption.Preemption(60.0)
