@@ -53,7 +53,16 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     assert cells[("transformer", "hypotheses identical")][0] == "True (4/4)"
     assert "at beam 3 (" in report and "length 7 to 0·|x|+7" in report and ("transformer", "generate sentences/s (beam 3)") in cells
     lengths = re.findall(r"^- generate \w+ \w+ .*hypothesis length ([\d.]+) tokens", report, re.M)
-    assert len(lengths) == 4 and set(lengths) == {"8.0"}, lengths  # --max-len 7: 7 tokens and EOS, every model
+    assert len(lengths) == 5 and set(lengths) == {"8.0"}, lengths  # --max-len 7: 7 tokens and EOS, every model
+    # --compile-decoding: rnnsearch's third generation measurement, the same hypotheses as eager
+    assert cells[("rnnsearch", "compiled decoding: hypotheses identical to ours eager")][0] == "True (4/4)"
+    compiled, _, ratio, vs_eager = cells[("rnnsearch", "compiled decoding (--compile-decoding): generate sentences/s")]
+    assert re.fullmatch(r"[\d,.]+", compiled) and re.fullmatch(r"\d+\.\d+×", ratio)
+    assert re.fullmatch(r"\d+\.\d+× ours eager", vs_eager)
+    first, eager_first = cells[("rnnsearch", "compiled decoding: first batch s, per repeat (compiling, or loading "
+                                "torch's cache)")][:2]
+    assert re.fullmatch(r"[\d.]+", first) and re.fullmatch(r"ours eager: [\d.]+", eager_first)
+    assert not [k for k in cells if k[0] == "transformer" and k[1].startswith("compiled")]
     # each target verdict agrees with the ratio printed beside it (the bounds are the suite's targets)
     targets = {("transformer", "train target tokens/s"): ("≥", 1.0),
                ("transformer", "generate sentences/s"): ("≥", 1.5),

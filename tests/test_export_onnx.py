@@ -290,6 +290,35 @@ def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, 
     assert len(steps) == longest < MAX_LEN, (len(steps), longest)
 
 
+def test_defaults_the_shortest_limit_and_nan_log_probabilities(folders, generated):
+    """What a caller gets without options (one hypothesis per source, sessions of one thread, as
+    documented); max_len_b=1 (one word at most, then </s>, with an attention row each); and a NaN
+    log-probability, which fairseq's generator turns into -inf: never chosen."""
+    expected = generated["rnnsearch"]
+    sources = [expected[i][0].split() for i in sorted(expected)[:10]]
+    translator = Translator(folders["rnnsearch"])
+    best = translator.translate(sources)
+    assert [len(hypos) for hypos in best] == [1] * len(sources)
+    for session in (translator.encoder, translator.step):
+        assert session.get_session_options().intra_op_num_threads == 1
+    for hypos in translator.translate(sources, n_best=4, max_len_b=1):
+        for h in hypos:
+            assert len(h.ids) <= 2 and h.ids[-1] == translator.eos and len(h.attention) == len(h.ids), h
+    words = [h[0].ids[0] for h in best if h[0].ids[0] != translator.eos]
+    banned = max(set(words), key=words.count)  # the most frequent first word of the best hypotheses
+    run_step = translator._run_step
+
+    def with_nan(prev, state):
+        lprobs, state, attention = run_step(prev, state)
+        lprobs = lprobs.copy()
+        lprobs[:, banned] = np.nan
+        return lprobs, state, attention
+
+    translator._run_step = with_nan
+    chosen = [h.ids for hypos in translator.translate(sources, n_best=4) for h in hypos]
+    assert len(chosen) == 4 * len(sources) and not [ids for ids in chosen if banned in ids]
+
+
 @pytest.mark.parametrize("positions", [4, 6])
 def test_the_models_target_positions_bound_the_length_as_in_fairseq(folders, generated, tmp_path, positions):
     """A model with fewer target positions than --max-len-b (a folder whose config says 4 or 6):

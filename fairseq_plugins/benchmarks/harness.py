@@ -22,6 +22,8 @@ import torch._dynamo  # noqa: F401  (torch.optim imports it lazily, seconds: onc
 
 from fairseq_plugins.benchmarks.measure import measure_generation, measure_matmul_ceiling, measure_training
 from fairseq_plugins.benchmarks.presets import (
+    COMPILED,
+    COMPILED_PAIRS,
     MODELS,
     PRESETS,
     _dictionaries,
@@ -104,7 +106,10 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
     base_job = {"device": args.device, "precision": precision, "threads": args.threads}
     pairs = args.pairs
     runs = [(pair, kind) for pair in pairs for kind in ("train", "generate")]
-    budget = Budget(args.budget_minutes, 1 + len(runs) * 2 * args.repeats)
+    measured = {(pair, kind): MODELS + ((COMPILED,) if kind == "generate" and pair in COMPILED_PAIRS else ())
+                for pair, kind in runs}
+    table = {(pair, kind, model): [] for (pair, kind), models in measured.items() for model in models}  # -> repeats
+    budget = Budget(args.budget_minutes, 1 + len(table) * args.repeats)
     log(f"matmul ceiling on {args.device}")
     machine = in_fresh_process(measure_matmul_ceiling, {**base_job, "deadline": budget.deadline()})
     if args.data is None:
@@ -116,14 +121,16 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
     # generation weights, saved by the first training of their model: the built-in transformer's
     # (ours decodes them converted, to compare hypotheses), each rnn its own
     trained_by = {(pair, model): "theirs" if pair == "transformer" else model for pair in pairs for model in MODELS}
+    trained_by.update({(pair, COMPILED): trained_by[(pair, "ours")] for pair in pairs})
     counts = {}  # (pair, kind) -> updates or sentences fixed by the first measurement
-    table = {(pair, kind, model): [] for pair, kind in runs for model in MODELS}  # -> results of the repeats
     for repeat in range(args.repeats):
         for pair, kind in runs:
-            order = MODELS if repeat % 2 == 0 else MODELS[::-1]
+            models = measured[(pair, kind)]
+            order = models if repeat % 2 == 0 else models[::-1]
             for model in order:
+                built = "ours" if model == COMPILED else model  # the compiled one is ours, decoding another way
                 job = {**base_job, "label": f"{pair}/{model}", "deadline": budget.deadline(),
-                       "train_argv": training_argv(args, flags[pair][model], work_dir, device=args.device,
+                       "train_argv": training_argv(args, flags[pair][built], work_dir, device=args.device,
                                                    fp16=args.fp16, num_workers=args.num_workers)}
                 if kind == "train":
                     job.update(warmup=args.warmup, updates=counts.get((pair, kind), args.updates))
@@ -133,7 +140,8 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
                 else:
                     convert = pair == "transformer" and model == "ours"
                     weights = os.path.join(work_dir, f"{pair}-{trained_by[(pair, model)]}.pt")
-                    job.update(gen_argv=generation_argv(args), weights=weights, convert=convert,
+                    compile_flag = ["--compile-decoding"] if model == COMPILED else []
+                    job.update(gen_argv=generation_argv(args) + compile_flag, weights=weights, convert=convert,
                                sentences=counts.get((pair, kind), args.sentences))
                     if convert:
                         # the built-in's options and weights, converted in the worker

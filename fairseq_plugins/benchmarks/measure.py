@@ -179,8 +179,10 @@ def measure_generation(job) -> dict:
     batches = [utils.move_to_cuda(s) if device == "cuda" else s for s in itr]
     hypotheses, hyp_tokens, sentences = {}, 0, 0
     with torch.no_grad(), _precision_context(job):
-        task.inference_step(generator, [model], batches[0])  # warm-up, untimed
+        start = time.perf_counter()
+        task.inference_step(generator, [model], batches[0])  # warm-up (with --compile-decoding: compiling)
         _synchronize(device)
+        first_batch_seconds = time.perf_counter() - start
         start = time.perf_counter()
         for sample in batches:
             if sentences >= job["sentences"] or (sentences and time.time() > job["deadline"]):
@@ -193,4 +195,5 @@ def measure_generation(job) -> dict:
         seconds = time.perf_counter() - start
     return {"sentences": sentences, "seconds": seconds, "sentences_per_s": sentences / seconds,
             "hyp_tokens_per_s": hyp_tokens / seconds, "hyp_tokens_per_sentence": hyp_tokens / sentences,
+            "first_batch_seconds": first_batch_seconds,
             "hypotheses": hypotheses, **_memory(device)}

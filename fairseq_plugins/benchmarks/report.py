@@ -10,7 +10,7 @@ import fairseq
 import torch
 
 from fairseq_plugins.analysis.report import markdown_table
-from fairseq_plugins.benchmarks.presets import MODELS, length_limits
+from fairseq_plugins.benchmarks.presets import COMPILED, MODELS, length_limits
 from fairseq_plugins.hardware import describe_cpu
 
 # The suite's performance targets, ours / built-in at the cpu preset in fp32, by row: (ratio,
@@ -53,6 +53,30 @@ def _hypotheses_row(pair: str, table) -> List[str]:
     return [pair, "hypotheses identical", f"{identical} ({same}/{len(ours)})", note, "", ""]
 
 
+def _compiled_rows(pair: str, table) -> List[List[str]]:
+    """``--compile-decoding`` against ours eager: speed, the first batch (compiling, or loading
+    torch's cached code in later repeats) and the hypotheses (the same expected)."""
+    compiled = table.get((pair, "generate", COMPILED))
+    if not compiled:
+        return []
+    eager = table[(pair, "generate", "ours")]
+    speed = _median(compiled, "sentences_per_s")
+    first = ", ".join(f"{r['first_batch_seconds']:.1f}" for r in compiled)
+    eager_first = ", ".join(f"{r['first_batch_seconds']:.1f}" for r in eager)
+    ours, mine = eager[0]["hypotheses"], compiled[0]["hypotheses"]
+    same = sum(mine[i] == ours.get(i) for i in mine)
+    return [
+        [pair, "compiled decoding (--compile-decoding): generate sentences/s", f"{speed:,.1f}",
+         f"{_median(table[(pair, 'generate', 'theirs')], 'sentences_per_s'):,.1f}",
+         f"{speed / _median(table[(pair, 'generate', 'theirs')], 'sentences_per_s'):.2f}×",
+         f"{speed / _median(eager, 'sentences_per_s'):.2f}× ours eager"],
+        [pair, "compiled decoding: first batch s, per repeat (compiling, or loading torch's cache)", first,
+         f"ours eager: {eager_first}", "", ""],
+        [pair, "compiled decoding: hypotheses identical to ours eager", f"{same == len(mine) == len(ours)} "
+         f"({same}/{len(mine)})", "", "", ""],
+    ]
+
+
 def format_report(args, preset, precision, machine, table, counts, seconds, onnx_rows=()) -> str:
     ceiling = machine["ceilings"][precision]
     max_len_a, max_len_b = length_limits(args)
@@ -81,6 +105,7 @@ def format_report(args, preset, precision, machine, table, counts, seconds, onnx
                      *(f"{model_flops[m] / 1e9:,.1f} ({100 * model_flops[m] / ceiling:.1f}%)" for m in MODELS),
                      f"{model_flops['ours'] / model_flops['theirs']:.2f}×", ""])
         rows.append(_hypotheses_row(pair, table))
+        rows += _compiled_rows(pair, table)
     header = ["pair", "measurement", "ours", "fairseq built-in", "ours / built-in", "target (cpu preset, fp32)"]
     ceilings = ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in machine["ceilings"].items())
     if "bf16" not in machine["ceilings"]:
@@ -91,7 +116,8 @@ def format_report(args, preset, precision, machine, table, counts, seconds, onnx
         values = ", ".join(f"{r[key]:,.1f}" for r in results)
         extra = (f"; hypothesis length {results[0]['hyp_tokens_per_sentence']:.1f} tokens" if kind == "generate"
                  else f"; {_median(results, 'flops_per_token') / 1e6:.1f} MFLOP per target token")
-        details.append(f"- {kind} {pair} {model} ({PAIR_LABELS[pair][MODELS.index(model)]}): {values}{extra}")
+        name = f"{PAIR_LABELS[pair][0]}, --compile-decoding" if model == COMPILED else PAIR_LABELS[pair][MODELS.index(model)]
+        details.append(f"- {kind} {pair} {model} ({name}): {values}{extra}")
     report = [
         "# fairseq-plugins benchmark: ours vs fairseq's built-ins",
         "",

@@ -51,6 +51,9 @@ class FixedContext(nn.Module):
         """c (R, 1, n) for the G hypotheses (R, G, n) of each beam; no alignment."""
         return sentences["c"].unsqueeze(1), None
 
+    def compile_step(self) -> Optional[str]:
+        return None  # no alignment: a step is the GRU's and the deep output's matmuls
+
 
 @register_model("rnnencdec")
 class RNNencdecModel(RNNsearchModel):

@@ -118,6 +118,10 @@ class AttentionContext(nn.Module):
         beam attend together to their sentence's annotations."""
         return self.attention(s_prev, sentences["U_a_h"], sentences["h"], sentences["padding_mask"])
 
+    def compile_step(self) -> Optional[str]:
+        self.attention.compile_energies()
+        return "the alignment model's energies v_a^T tanh(W_a s + U_a h_j)"
+
 
 class ConditionalGRUDecoder(BeamCacheDecoder):
     """The decoder of both RNNsearch and RNNencdec (appendix A.2.2)::
@@ -159,6 +163,9 @@ class ConditionalGRUDecoder(BeamCacheDecoder):
         cache.put("rows", "s", torch.tanh(self.W_s(self.context.initial_input(encoder_out))))  # (N, n)
         for name, tensor in self.context.start(cache.per_sentence(encoder_out)).items():
             cache.put("sentences", name, tensor)
+
+    def compile_step(self) -> Optional[str]:
+        return self.context.compile_step()
 
     def forward(self, prev_output_tokens, encoder_out: Optional[EncoderOut],
                 incremental_state: Optional[IncrementalState] = None, **unused):

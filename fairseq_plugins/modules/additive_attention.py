@@ -38,6 +38,14 @@ def _hidden(W_a_s: Tensor, U_a_h: Tensor) -> Tensor:
     return torch.add(W_a_s.unsqueeze(2), U_a_h.unsqueeze(1)).tanh_()
 
 
+def alignment_energies(W_a_s: Tensor, U_a_h: Tensor, v_a: Tensor) -> Tensor:
+    """``e_gij = v_aᵀ tanh(W_a s_gi + U_a h_gj)`` as one expression, for ``torch.compile``: it
+    becomes one loop that never writes the (bsz, G, src_len, n') tanh, which eager decoding writes
+    and reads back three times per step (the sums' order differs from the matmul's: rounding)."""
+    hidden = torch.add(W_a_s.unsqueeze(2), U_a_h.unsqueeze(1)).tanh()
+    return (hidden * v_a.to(hidden.dtype)).sum(dim=3)  # (bsz, G, src_len)
+
+
 class AdditiveAttention(nn.Module):
     """``e_ij = v_aᵀ tanh(W_a s_{i-1} + U_a h_j)``, ``α_ij = softmax_j(e_ij)``, ``c_i = Σ_j α_ij h_j``.
 
@@ -57,6 +65,13 @@ class AdditiveAttention(nn.Module):
         self.W_a = nn.Linear(query_size, hidden_size, bias=False)
         self.U_a = nn.Linear(annotation_size, hidden_size)
         self.v_a = nn.Linear(hidden_size, 1, bias=False)
+        self.compiled_energies = None  # alignment_energies compiled, used without autograd (compile_energies)
+
+    def compile_energies(self) -> None:
+        """From now on the energies of decoding (no autograd) come from :func:`alignment_energies`
+        compiled by ``torch.compile`` for any batch and source length; training keeps the eager
+        autograd function. Compiling happens at the first call (torch caches the code on disk)."""
+        self.compiled_energies = torch.compile(alignment_energies, dynamic=True)
 
     def project_annotations(self, h: Tensor) -> Tensor:
         """``U_a h_j`` for every j: (bsz, src_len, 2n) -> (bsz, src_len, n')."""
@@ -76,8 +91,13 @@ class AdditiveAttention(nn.Module):
         """
         per_beam = s_prev.dim() == 3  # G queries per sentence
         W_a_s = self.W_a(s_prev if per_beam else s_prev.unsqueeze(1))  # (bsz, G, n')
-        e = _AlignmentEnergies.apply(W_a_s, U_a_h, self.v_a.weight.view(-1))  # e_ij: (bsz, G, src_len)
+        e = self._energies(W_a_s, U_a_h, self.v_a.weight.view(-1))  # e_ij: (bsz, G, src_len)
         e = e.masked_fill(padding_mask.unsqueeze(1), float("-inf"))
         alpha = F.softmax(e, dim=2)  # α_ij = exp(e_ij) / Σ_k exp(e_ik)
         c = torch.bmm(alpha.to(h.dtype), h)  # c_i = Σ_j α_ij h_j: (bsz, G, 2n)
         return (c, alpha) if per_beam else (c.squeeze(1), alpha.squeeze(1))
+
+    def _energies(self, W_a_s: Tensor, U_a_h: Tensor, v_a: Tensor) -> Tensor:
+        if self.compiled_energies is not None and not torch.is_grad_enabled():
+            return self.compiled_energies(W_a_s, U_a_h, v_a)
+        return _AlignmentEnergies.apply(W_a_s, U_a_h, v_a)

@@ -52,19 +52,42 @@ def reorder_encoder_out(encoder_out: EncoderOut, new_order: Tensor) -> EncoderOu
     """fairseq's contract for batch-first encoder outputs: row n of every returned tensor is row
     ``new_order[n]``. When ``new_order`` is beam search's expansion (each row G > 1 times,
     consecutively) the output also records G, for the cache the decoder makes at its first step:
-    a [N, G] entry ``beam_size``, a view of one zero (no memory), which a later reorder drops (the
-    cache knows G by then; a cache made from rows in any other order has G = 1). Checking the
-    expansion reads the host once, and only for an order with more rows than the output (beam
-    search's first)."""
+    a [N, G] entry ``beam_size``, a view of one zero (no memory). Its G rows of a beam are then
+    copies of one sentence's, so a later order that keeps every row in its beam (beam search's)
+    changes no value: the output is returned as it is, or, once beams finished, only the beams
+    that continue are selected, and the record kept; any other order drops the record. Checking
+    the expansion reads the host once, and only for an order with more rows than the output (beam
+    search's first); checking a later order reads it once (:func:`beam_pattern`)."""
+    rows, new_rows = _num_rows(encoder_out), new_order.numel()
+    beam_size = encoder_out[BEAM_SIZE][0].size(1) if encoder_out.get(BEAM_SIZE) else 1
+    within, moved = beam_pattern(new_order, beam_size, rows // beam_size) if beam_size > 1 else (False, True)
+    if within and not moved:
+        return encoder_out
     reordered = {key: [t.index_select(0, new_order) for t in tensors]
                  for key, tensors in encoder_out.items() if key != BEAM_SIZE}
-    rows, new_rows = _num_rows(encoder_out), new_order.numel()
-    if 0 < rows < new_rows and new_rows % rows == 0:
+    if not within and 0 < rows < new_rows and new_rows % rows == 0:
         beam_size = new_rows // rows
         expansion = torch.arange(rows, device=new_order.device).repeat_interleave(beam_size)
-        if torch.equal(new_order, expansion):
-            reordered[BEAM_SIZE] = [new_order.new_zeros((), dtype=torch.uint8).expand(new_rows, beam_size)]
+        within = torch.equal(new_order, expansion)
+    if within:
+        reordered[BEAM_SIZE] = [new_order.new_zeros((), dtype=torch.uint8).expand(new_rows, beam_size)]
     return reordered
+
+
+def beam_pattern(new_order: Tensor, beam_size: int, beams: int) -> Tuple[bool, bool]:
+    """For rows in ``beams`` beams of ``beam_size``: (every new beam's rows continue rows of one
+    old beam, and some beam finished or moved). The shapes decide what they can (rows that make
+    no whole beams are not within beams; another number of beams has moved); the rest is one read
+    on the host, a single ``torch.equal`` for beam search's usual order, every beam continuing
+    itself (docs/DECODING.md has its cost)."""
+    if new_order.numel() % beam_size:
+        return False, True
+    origin = new_order.view(-1, beam_size) // beam_size  # [R', G]: the old beam of every new row
+    if origin.size(0) == beams:
+        stay = torch.arange(beams, device=origin.device).unsqueeze(1).expand(beams, beam_size)
+        if torch.equal(origin, stay):
+            return True, False
+    return bool((origin == origin[:, :1]).all()), True
 
 
 def _num_rows(encoder_out: EncoderOut) -> int:
@@ -194,7 +217,7 @@ class BeamCache:
         if self.beam_size == 1 or not shared:
             self._select_all(new_order)
             return
-        within, moved = self._beam_pattern(new_order)
+        within, moved = beam_pattern(new_order, self.beam_size, self.slots.size(0))
         if within:
             self._reorder_within_beams(new_order, moved)
         else:
@@ -206,22 +229,6 @@ class BeamCache:
             self.tensors[name] = self.tensors[name].index_select(0, new_order)
         self.beam_size = 1
         self.slots = self.slots.new_empty(new_order.numel(), 1, 0)
-
-    def _beam_pattern(self, new_order: Tensor) -> Tuple[bool, bool]:
-        """(every new beam's G rows continue rows of one old beam, and some beam finished or
-        moved). The shapes decide what they can (rows that make no whole beams are not within
-        beams; another number of beams has moved); the rest is one read on the host, the only one
-        of a decoding step: a single ``torch.equal`` for beam search's usual order, every beam
-        continuing itself (docs/DECODING.md has its cost)."""
-        beam_size, beams = self.beam_size, self.slots.size(0)
-        if new_order.numel() % beam_size:
-            return False, True
-        origin = new_order.view(-1, beam_size) // beam_size  # [R', G]: the old beam of every new row
-        if origin.size(0) == beams:
-            stay = torch.arange(beams, device=origin.device).unsqueeze(1).expand(beams, beam_size)
-            if torch.equal(origin, stay):
-                return True, False
-        return bool((origin == origin[:, :1]).all()), True
 
     def _reorder_within_beams(self, new_order: Tensor, moved: bool) -> None:
         """Fast path: the rows and ``slots`` follow the order; shared tensors select the beams
@@ -271,6 +278,11 @@ class BeamCacheDecoder(FairseqIncrementalDecoder):
     def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
         """Puts what decoding reads into the empty ``cache`` (rows of ``encoder_out``)."""
         raise NotImplementedError
+
+    def compile_step(self) -> Optional[str]:
+        """Compiles what dominates this decoder's step when decoding (``--compile-decoding``), and
+        says what; None: nothing worth compiling (the decoder stays as it is)."""
+        return None
 
     def decoding_cache(self, incremental_state: IncrementalState, encoder_out: Optional[EncoderOut]) -> BeamCache:
         """The cache of this decoding, made from ``encoder_out`` at its first step."""

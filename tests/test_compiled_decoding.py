@@ -1,0 +1,68 @@
+"""``--compile-decoding``: RNNsearch's alignment energies compiled by torch.compile decode as the
+eager model does. Oracles: the eager formula on the same tensors, and plain fairseq-generate on
+the same checkpoint (every hypothesis of --nbest 2, its score and positional scores)."""
+import logging
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+from helpers import generate_in_process, parse_generation
+
+from fairseq_plugins.modules.additive_attention import AdditiveAttention
+
+
+def test_compiled_energies_equal_the_eager_ones_and_serve_decoding_only():
+    torch.manual_seed(0)
+    attention = AdditiveAttention(query_size=6, annotation_size=8, hidden_size=5)
+    for p in attention.parameters():
+        torch.nn.init.normal_(p)  # large weights: a wrong formula could not hide in tanh's flat tails
+    h, s = torch.randn(3, 7, 8), torch.randn(3, 4, 6)
+    mask = torch.zeros(3, 7, dtype=torch.bool)
+    mask[1, 5:] = True
+    with torch.no_grad():
+        eager = attention(s, attention.project_annotations(h), h, mask)
+    calls = []
+    attention.compile_energies()
+    compiled = attention.compiled_energies
+    attention.compiled_energies = lambda *args: calls.append(1) or compiled(*args)
+    with torch.no_grad():
+        got = attention(s, attention.project_annotations(h), h, mask)
+    assert calls, "decoding did not use the compiled energies"
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    c, _ = attention(s, attention.project_annotations(h), h, mask)  # training: the autograd function
+    c.sum().backward()
+    assert len(calls) == 1 and attention.W_a.weight.grad is not None
+
+
+def _prepare(path, compile_decoding):
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([path])
+    cfg.generation.compile_decoding = compile_decoding
+    models[0].prepare_for_inference_(cfg)
+    return models[0]
+
+
+def test_the_flag_reaches_rnnsearchs_attention_and_says_when_a_model_has_nothing(generation_models, caplog):
+    assert _prepare(generation_models["rnnsearch"], False).decoder.context.attention.compiled_energies is None
+    with caplog.at_level(logging.INFO):
+        model = _prepare(generation_models["rnnsearch"], True)
+    assert model.decoder.context.attention.compiled_energies is not None
+    assert "RNNsearchModel compiles the alignment model's energies" in caplog.text
+    for family in ("vaswani_transformer", "rnnencdec"):
+        caplog.clear()
+        _prepare(generation_models[family], True)
+        assert "has no step worth compiling; it decodes as without the flag" in caplog.text, family
+
+
+@pytest.mark.slow
+def test_fairseq_generate_with_compiled_decoding_gives_the_same_hypotheses(generation_models, plain_generations,
+                                                                         data_bin, tmp_path):
+    plain = plain_generations["rnnsearch"]  # --nbest 2, beam 2
+    compiled = parse_generation(generate_in_process(tmp_path, data_bin, generation_models["rnnsearch"],
+                                                    "--nbest", "2", "--compile-decoding"))
+    assert sorted(compiled) == sorted(plain)
+    for i in plain:  # scores are printed with 4 decimals: rounding may differ by one in the last
+        assert compiled[i]["nbest"] == plain[i]["nbest"], i
+        assert float(compiled[i]["H"][0]) == pytest.approx(float(plain[i]["H"][0]), abs=2e-4), i
+        got, expected = (list(map(float, entry["P"].split())) for entry in (compiled[i], plain[i]))
+        assert got == pytest.approx(expected, abs=2e-4), i
