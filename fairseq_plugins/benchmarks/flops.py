@@ -4,10 +4,13 @@ Matmul/attention FLOPs of forward+backward are counted by ``FlopCounterMode``; t
 neither CPU fused attention nor fused RNN kernels, and counts the attention backward kernels
 at their own (recomputing) cost: :data:`EXTRA_FLOP_FORMULAS` adds those at model FLOPs.
 """
+import importlib
 import math
 
 import torch
-from torch.utils.flop_counter import sdpa_flop_count
+from torch.utils.flop_counter import _FlopCounterMode, sdpa_flop_count
+
+_scan = importlib.import_module("torch._higher_order_ops.scan")  # the module (its package exports a function of that name)
 
 def _rnn_flops(input_shape, weight_shapes) -> int:
     """Fused RNN kernels: every weight matrix is applied once to every token."""
@@ -38,3 +41,14 @@ EXTRA_FLOP_FORMULAS = {
     _aten._cudnn_rnn: lambda x, weights, *a, out_shape=None, **kw: _rnn_flops(x, weights),
     _aten._cudnn_rnn_backward: lambda x, weights, *a, out_shape=None, **kw: 2 * _rnn_flops(x, weights),
 }
+
+
+def count_scan_steps() -> None:
+    """Lets ``FlopCounterMode`` count the matmuls inside ``scan`` (the recurrent encoders' path
+    whenever autograd is off: generation), which it otherwise refuses: the scan runs step by
+    step under the counter, as torch's own eager scan does. Idempotent."""
+    if _FlopCounterMode not in _scan.scan_op.python_key_table:
+        @_scan.scan_op.py_impl(_FlopCounterMode)
+        def _counted(mode, combine_fn, init, xs, additional_inputs):
+            with mode:
+                return _scan.generic_scan(combine_fn, init, xs, additional_inputs=additional_inputs)

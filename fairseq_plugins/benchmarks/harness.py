@@ -142,6 +142,7 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
                     weights = os.path.join(work_dir, f"{pair}-{trained_by[(pair, model)]}.pt")
                     compile_flag = ["--compile-decoding"] if model == COMPILED else []
                     job.update(gen_argv=generation_argv(args) + compile_flag, weights=weights, convert=convert,
+                               count_flops=model != COMPILED,  # ours' arithmetic; the counter and dynamo do not mix
                                sentences=counts.get((pair, kind), args.sentences))
                     if convert:
                         # the built-in's options and weights, converted in the worker

@@ -25,7 +25,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 from torch.utils.flop_counter import FlopCounterMode
 
-from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS
+from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS, count_scan_steps
 from fairseq_plugins.errors import PluginError
 from fairseq_plugins.hardware import native_bf16
 from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
@@ -193,7 +193,14 @@ def measure_generation(job) -> dict:
             sentences += sample["nsentences"]
         _synchronize(device)
         seconds = time.perf_counter() - start
+        flops_per_sentence = None
+        if job.get("count_flops", True):  # the first batch once more, its matmuls counted
+            count_scan_steps()
+            with FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_FORMULAS) as flop_counter:
+                task.inference_step(generator, [model], batches[0])
+            flops_per_sentence = flop_counter.get_total_flops() / batches[0]["nsentences"]
     return {"sentences": sentences, "seconds": seconds, "sentences_per_s": sentences / seconds,
+            "flops_per_sentence": flops_per_sentence,
             "hyp_tokens_per_s": hyp_tokens / seconds, "hyp_tokens_per_sentence": hyp_tokens / sentences,
             "first_batch_seconds": first_batch_seconds,
             "hypotheses": hypotheses, **_memory(device)}

@@ -53,9 +53,10 @@ def _hypotheses_row(pair: str, table) -> List[str]:
     return [pair, "hypotheses identical", f"{identical} ({same}/{len(ours)})", note, "", ""]
 
 
-def _compiled_rows(pair: str, table) -> List[List[str]]:
-    """``--compile-decoding`` against ours eager: speed, the first batch (compiling, or loading
-    torch's cached code in later repeats) and the hypotheses (the same expected)."""
+def _compiled_rows(pair: str, table, ceiling: float) -> List[List[str]]:
+    """``--compile-decoding`` against ours eager: speed, its matmuls' GFLOP/s (ours eager's per
+    sentence), the first batch (compiling, or loading torch's cached code in later repeats) and
+    the hypotheses (the same expected)."""
     compiled = table.get((pair, "generate", COMPILED))
     if not compiled:
         return []
@@ -63,6 +64,7 @@ def _compiled_rows(pair: str, table) -> List[List[str]]:
     speed = _median(compiled, "sentences_per_s")
     first = ", ".join(f"{r['first_batch_seconds']:.1f}" for r in compiled)
     eager_first = ", ".join(f"{r['first_batch_seconds']:.1f}" for r in eager)
+    flops = _median(eager, "flops_per_sentence") * speed
     ours, mine = eager[0]["hypotheses"], compiled[0]["hypotheses"]
     same = sum(mine[i] == ours.get(i) for i in mine)
     return [
@@ -70,6 +72,8 @@ def _compiled_rows(pair: str, table) -> List[List[str]]:
          f"{_median(table[(pair, 'generate', 'theirs')], 'sentences_per_s'):,.1f}",
          f"{speed / _median(table[(pair, 'generate', 'theirs')], 'sentences_per_s'):.2f}×",
          f"{speed / _median(eager, 'sentences_per_s'):.2f}× ours eager"],
+        [pair, "compiled decoding: generate matmul GFLOP/s (% of the ceiling)",
+         f"{flops / 1e9:,.1f} ({100 * flops / ceiling:.1f}%)", "", "", ""],
         [pair, "compiled decoding: first batch s, per repeat (compiling, or loading torch's cache)", first,
          f"ours eager: {eager_first}", "", ""],
         [pair, "compiled decoding: hypotheses identical to ours eager", f"{same == len(mine) == len(ours)} "
@@ -104,8 +108,12 @@ def format_report(args, preset, precision, machine, table, counts, seconds, onnx
         rows.append([pair, f"train model GFLOP/s (% of {precision} matmul ceiling)",
                      *(f"{model_flops[m] / 1e9:,.1f} ({100 * model_flops[m] / ceiling:.1f}%)" for m in MODELS),
                      f"{model_flops['ours'] / model_flops['theirs']:.2f}×", ""])
+        gen_flops = {m: _median(gen[m], "flops_per_sentence") * _median(gen[m], "sentences_per_s") for m in MODELS}
+        rows.append([pair, f"generate matmul GFLOP/s (% of {precision} matmul ceiling)",
+                     *(f"{gen_flops[m] / 1e9:,.1f} ({100 * gen_flops[m] / ceiling:.1f}%)" for m in MODELS),
+                     f"{gen_flops['ours'] / gen_flops['theirs']:.2f}×", ""])
         rows.append(_hypotheses_row(pair, table))
-        rows += _compiled_rows(pair, table)
+        rows += _compiled_rows(pair, table, ceiling)
     header = ["pair", "measurement", "ours", "fairseq built-in", "ours / built-in", "target (cpu preset, fp32)"]
     ceilings = ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in machine["ceilings"].items())
     if "bf16" not in machine["ceilings"]:
