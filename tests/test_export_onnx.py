@@ -318,6 +318,19 @@ def test_defaults_the_shortest_limit_and_nan_log_probabilities(folders, generate
     chosen = [h.ids for hypos in translator.translate(sources, n_best=4) for h in hypos]
     assert len(chosen) == 4 * len(sources) and not [ids for ids in chosen if banned in ids]
 
+    steps = []
+
+    def one_word_first(prev, state):  # the first step: NaN everywhere but one word
+        lprobs, state, attention = run_step(prev, state)
+        if not steps:
+            lprobs = np.where(np.arange(lprobs.shape[1]) == banned, lprobs, np.nan).astype(np.float32)
+        steps.append(1)
+        return lprobs, state, attention
+
+    translator._run_step = one_word_first  # -inf candidates, </s> among them, fill the other beams
+    hypotheses = [h for hypos in translator.translate(sources, n_best=4, batch_size=len(sources)) for h in hypos]
+    assert all(h.ids[0] == banned and math.isfinite(h.score) for h in hypotheses)  # none ended at -inf
+
 
 @pytest.mark.parametrize("positions", [4, 6])
 def test_the_models_target_positions_bound_the_length_as_in_fairseq(folders, generated, tmp_path, positions):
