@@ -331,6 +331,16 @@ def test_defaults_the_shortest_limit_and_nan_log_probabilities(folders, generate
     hypotheses = [h for hypos in translator.translate(sources, n_best=4, batch_size=len(sources)) for h in hypos]
     assert all(h.ids[0] == banned and math.isfinite(h.score) for h in hypotheses)  # none ended at -inf
 
+    def unk_first(prev, state):  # <unk>, the word after </s>, likelier than any at every step
+        lprobs, state, attention = run_step(prev, state)
+        lprobs = lprobs.copy()
+        lprobs[:, translator.unk] = 0.0
+        return lprobs, state, attention
+
+    translator._run_step = unk_first  # at the length limit only </s> is left, <unk> included
+    for hypos in translator.translate(sources, n_best=4, max_len_b=3):
+        assert len(hypos) == 4 and all(len(h.ids) <= 4 and h.ids[-1] == translator.eos for h in hypos), hypos
+
 
 @pytest.mark.parametrize("positions", [4, 6])
 def test_the_models_target_positions_bound_the_length_as_in_fairseq(folders, generated, tmp_path, positions):
