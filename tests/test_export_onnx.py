@@ -284,10 +284,14 @@ def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, 
     expected = generated["vaswani_transformer"]
     translator = Translator(folders["vaswani_transformer"])
     steps, run_step = [], translator._run_step
-    translator._run_step = lambda *args: steps.append(1) or run_step(*args)
+    translator._run_step = lambda prev, state: steps.append(len(prev)) or run_step(prev, state)
     results = translator.translate([expected[i][0].split() for i in sorted(expected)], n_best=4, batch_size=100)
     longest = max(len(h.ids) for hypos in results for h in hypos)
     assert len(steps) == longest < MAX_LEN, (len(steps), longest)
+    # finished sentences leave the batch: the rows each step decodes are the unfinished sentences' beams
+    # a sentence is done at the step its longest hypothesis ends (n_best = beam: all of them returned)
+    unfinished = [sum(max(len(h.ids) for h in hypos) > step for hypos in results) for step in range(len(steps))]
+    assert steps == [4 * n for n in unfinished] and steps[-1] < steps[0] == 400, (steps, unfinished)
 
 
 def test_defaults_the_shortest_limit_and_nan_log_probabilities(folders, generated):
