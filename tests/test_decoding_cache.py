@@ -211,7 +211,9 @@ def test_reorder_encoder_out_keeps_fairseqs_contract_for_every_family():
         with torch.no_grad():
             fresh = model.encoder(src)
             out, rows = fresh, torch.arange(3)
-            for order in (torch.arange(3).repeat_interleave(2), anywhere(6, g), anywhere(4, g)):
+            # beam search's expansion, an order within beams, one that drops a finished beam, then any
+            within, finished = torch.tensor([1, 0, 2, 2, 5, 4]), torch.tensor([0, 1, 5, 4])
+            for order in (torch.arange(3).repeat_interleave(2), within, finished, anywhere(4, g), anywhere(6, g)):
                 order = order[order < rows.numel()]
                 out, rows = model.encoder.reorder_encoder_out(out, order), rows[order]
                 for key in fresh:
