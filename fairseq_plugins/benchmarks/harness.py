@@ -121,7 +121,6 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
     # generation weights, saved by the first training of their model: the built-in transformer's
     # (ours decodes them converted, to compare hypotheses), each rnn its own
     trained_by = {(pair, model): "theirs" if pair == "transformer" else model for pair in pairs for model in MODELS}
-    trained_by.update({(pair, COMPILED): trained_by[(pair, "ours")] for pair in pairs})
     counts = {}  # (pair, kind) -> updates or sentences fixed by the first measurement
     for repeat in range(args.repeats):
         for pair, kind in runs:
@@ -138,8 +137,8 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
                         job["save"] = os.path.join(work_dir, f"{pair}-{model}.pt")
                     target = measure_training
                 else:
-                    convert = pair == "transformer" and model == "ours"
-                    weights = os.path.join(work_dir, f"{pair}-{trained_by[(pair, model)]}.pt")
+                    convert = pair == "transformer" and built == "ours"
+                    weights = os.path.join(work_dir, f"{pair}-{trained_by[(pair, built)]}.pt")
                     compile_flag = ["--compile-decoding"] if model == COMPILED else []
                     job.update(gen_argv=generation_argv(args) + compile_flag, weights=weights, convert=convert,
                                count_flops=model != COMPILED,  # ours' arithmetic; the counter and dynamo do not mix

@@ -61,7 +61,7 @@ def _compiled_rows(pair: str, table, ceiling: float) -> List[List[str]]:
     if not compiled:
         return []
     eager = table[(pair, "generate", "ours")]
-    speed = _median(compiled, "sentences_per_s")
+    speed, theirs = _median(compiled, "sentences_per_s"), _median(table[(pair, "generate", "theirs")], "sentences_per_s")
     first = ", ".join(f"{r['first_batch_seconds']:.1f}" for r in compiled)
     eager_first = ", ".join(f"{r['first_batch_seconds']:.1f}" for r in eager)
     flops = _median(eager, "flops_per_sentence") * speed
@@ -69,8 +69,7 @@ def _compiled_rows(pair: str, table, ceiling: float) -> List[List[str]]:
     same = sum(mine[i] == ours.get(i) for i in mine)
     return [
         [pair, "compiled decoding (--compile-decoding): generate sentences/s", f"{speed:,.1f}",
-         f"{_median(table[(pair, 'generate', 'theirs')], 'sentences_per_s'):,.1f}",
-         f"{speed / _median(table[(pair, 'generate', 'theirs')], 'sentences_per_s'):.2f}×",
+         f"{theirs:,.1f}", f"{speed / theirs:.2f}×",
          f"{speed / _median(eager, 'sentences_per_s'):.2f}× ours eager"],
         [pair, "compiled decoding: generate matmul GFLOP/s (% of the ceiling)",
          f"{flops / 1e9:,.1f} ({100 * flops / ceiling:.1f}%)", "", "", ""],

@@ -14,6 +14,7 @@ A swap needed only during one call of the patch's own code is a scoped replaceme
 ``with TARGET.set_to(value):`` (an attribute of an object the calling thread owns).
 """
 import contextlib
+import dataclasses
 import inspect
 import logging
 import threading
@@ -244,3 +245,15 @@ def in_order(patches):
     for name in sorted(patches):
         visit(name, ())
     return order
+
+
+def config_options(config: type, options: type) -> dict:
+    """The replacements that add the fields of the dataclass ``options`` to fairseq's config
+    dataclass ``config`` (its fields, annotations and class defaults): fairseq makes the argparse
+    flags, the omegaconf config and hydra's schema from them (the schema is stored again by
+    fairseq's ``hydra_init``, which such a patch runs as its setup and teardown)."""
+    return {
+        Target(config, "__dataclass_fields__"): {**config.__dataclass_fields__, **options.__dataclass_fields__},
+        Target(config, "__annotations__"): {**config.__annotations__, **options.__annotations__},
+        **{Target(config, f.name, absent=True): f.default for f in dataclasses.fields(options)},
+    }

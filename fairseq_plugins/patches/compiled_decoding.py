@@ -15,7 +15,7 @@ from fairseq.dataclass.configs import GenerationConfig
 from fairseq.dataclass.initialize import hydra_init
 from fairseq.models.fairseq_model import BaseFairseqModel
 
-from fairseq_plugins.patches._mechanism import Patch, Target
+from fairseq_plugins.patches._mechanism import Patch, Target, config_options
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +27,6 @@ class _Options:
                 "first run compiles for seconds, later ones reuse torch's cache (TORCHINDUCTOR_CACHE_DIR)"})
 
 
-OPTIONS = {f.name: f.default for f in dataclasses.fields(_Options)}
-FIELDS = Target(GenerationConfig, "__dataclass_fields__")
-ANNOTATIONS = Target(GenerationConfig, "__annotations__")
-DEFAULTS = {Target(GenerationConfig, name, absent=True): default for name, default in OPTIONS.items()}
 PREPARE = Target(BaseFairseqModel, "prepare_for_inference_", "self, cfg")
 
 
@@ -49,8 +45,6 @@ def prepare_for_inference_(self, cfg):
 
 
 PATCH = Patch(__name__, {
-    FIELDS: {**GenerationConfig.__dataclass_fields__, **_Options.__dataclass_fields__},
-    ANNOTATIONS: {**GenerationConfig.__annotations__, **_Options.__annotations__},
-    **DEFAULTS,
+    **config_options(GenerationConfig, _Options),
     PREPARE: prepare_for_inference_,
 }, setup=hydra_init, teardown=hydra_init)

@@ -30,7 +30,7 @@ from fairseq.tasks import FairseqTask
 from fairseq.trainer import Trainer
 
 from fairseq_plugins.errors import ConfigError, NumericalError
-from fairseq_plugins.patches._mechanism import Patch, Target
+from fairseq_plugins.patches._mechanism import Patch, Target, config_options
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +56,6 @@ class _Options:
 
 
 OPTIONS = {f.name: f.default for f in dataclasses.fields(_Options)}
-FIELDS = Target(OptimizationConfig, "__dataclass_fields__")
-ANNOTATIONS = Target(OptimizationConfig, "__annotations__")
-DEFAULTS = {Target(OptimizationConfig, name, absent=True): default for name, default in OPTIONS.items()}
 TRAIN_STEP = Target(Trainer, "train_step", "self, samples, raise_oom")
 CLIP = Target(Trainer, "clip_grad_norm", "self, clip_norm")
 SAVE = Target(Trainer, "save_checkpoint", "self, filename, extra_state")
@@ -245,9 +242,7 @@ def load_checkpoint(cfg, trainer, **passthrough_args):
 
 
 PATCH = Patch(__name__, {
-    FIELDS: {**OptimizationConfig.__dataclass_fields__, **_Options.__dataclass_fields__},
-    ANNOTATIONS: {**OptimizationConfig.__annotations__, **_Options.__annotations__},
-    **DEFAULTS,
+    **config_options(OptimizationConfig, _Options),
     TRAIN_STEP: train_step, CLIP: clip_grad_norm, TASK_STEP: task_train_step, SET_LR: set_lr,
     SAVE: save_checkpoint, LOAD_CHECKPOINT: load_checkpoint,
 }, requires=("numerical_faults",), setup=hydra_init, teardown=hydra_init)

@@ -36,7 +36,7 @@ from fairseq.dataclass.initialize import hydra_init
 from fairseq.distributed import utils as distributed_utils
 
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.patches._mechanism import Patch, Target
+from fairseq_plugins.patches._mechanism import Patch, Target, config_options
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later" -- rerun the same command
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -50,11 +50,6 @@ class _Option:
                 f"{EXIT_PREEMPTED}; give up (no new checkpoint) after this many seconds"})
 
 
-# --preemption-timeout as a field of fairseq's CheckpointConfig: the argparse flag, the
-# omegaconf config and hydra's schema (stored again by fairseq's hydra_init) are made from it.
-FIELDS = Target(CheckpointConfig, "__dataclass_fields__")
-ANNOTATIONS = Target(CheckpointConfig, "__annotations__")
-DEFAULT = Target(CheckpointConfig, "preemption_timeout", absent=True)
 TRAIN = Target(fairseq_train, "train", "cfg, trainer, task, epoch_itr")
 VALIDATE_AND_SAVE = Target(fairseq_train, "validate_and_save",
                            "cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch")
@@ -171,8 +166,6 @@ def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch
 
 
 PATCH = Patch(__name__, {
-    FIELDS: {**CheckpointConfig.__dataclass_fields__, **_Option.__dataclass_fields__},
-    ANNOTATIONS: {**CheckpointConfig.__annotations__, **_Option.__annotations__},
-    DEFAULT: DEFAULT_TIMEOUT,
+    **config_options(CheckpointConfig, _Option),  # --preemption-timeout, a field of fairseq's CheckpointConfig
     TRAIN: train, VALIDATE_AND_SAVE: validate_and_save, SAVE: save_checkpoint,
 }, setup=hydra_init, teardown=hydra_init)
