@@ -39,7 +39,8 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     assert re.search(r"^- date: \d{4}-\d\d-\d\d", report, re.M)
     assert re.search(r"^- machine: .+, \d+ cores", report, re.M)
     bf16 = r"bf16 [\d,]+ GFLOP/s" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else r"bf16 not native"
-    assert re.search(rf"^- matmul ceiling: fp32 [\d,]+ GFLOP/s, {bf16}", report, re.M)
+    assert re.search(rf"^- matmul ceiling: fp32 [\d,]+ GFLOP/s, {bf16}.*; the fastest of: fp32 matmul [\d,]+, "
+                     r"fp32 oneDNN prepacked [\d,]+", report, re.M)
     rows = [line.split("|")[1:-1] for line in report.splitlines() if line.startswith("| ")]
     cells = {(r[0].strip(), r[1].strip()): [c.strip() for c in r[2:]] for r in rows[1:]}
     assert [c.strip() for c in rows[0]] == ["pair", "measurement", "ours", "fairseq built-in",
@@ -54,18 +55,18 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     assert cells[("transformer", "hypotheses identical")][0] == "True (4/4)"
     assert "at beam 3 (" in report and "length 7 to 0·|x|+7" in report and ("transformer", "generate sentences/s (beam 3)") in cells
     lengths = re.findall(r"^- generate \w+ \w+ .*hypothesis length ([\d.]+) tokens", report, re.M)
-    assert len(lengths) == 5 and set(lengths) == {"8.0"}, lengths  # --max-len 7: 7 tokens and EOS, every model
-    # --compile-decoding: rnnsearch's third generation measurement, the same hypotheses as eager
-    assert cells[("rnnsearch", "compiled decoding: hypotheses identical to ours eager")][0] == "True (4/4)"
-    compiled, _, ratio, vs_eager = cells[("rnnsearch", "compiled decoding (--compile-decoding): generate sentences/s")]
-    assert re.fullmatch(r"[\d,.]+", compiled) and re.fullmatch(r"\d+\.\d+×", ratio)
-    assert re.fullmatch(r"\d+\.\d+× ours eager", vs_eager)
-    first, eager_first = cells[("rnnsearch", "compiled decoding: first batch s, per repeat (compiling, or loading "
-                                "torch's cache)")][:2]
-    assert re.fullmatch(r"[\d.]+", first) and re.fullmatch(r"ours eager: [\d.]+", eager_first)
-    assert not [k for k in cells if k[0] == "transformer" and k[1].startswith("compiled")]
-    assert re.fullmatch(r"[\d,.]+ \([\d.]+%\)",
-                        cells[("rnnsearch", "compiled decoding: generate matmul GFLOP/s (% of the ceiling)")][0])
+    assert len(lengths) == 6 and set(lengths) == {"8.0"}, lengths  # --max-len 7: 7 tokens and EOS, every model
+    # --compile-decoding: each pair's third generation measurement, the same hypotheses as eager
+    for pair in ("transformer", "rnnsearch"):
+        assert cells[(pair, "compiled decoding: hypotheses identical to ours eager")][0] == "True (4/4)"
+        compiled, _, ratio, vs_eager = cells[(pair, "compiled decoding (--compile-decoding): generate sentences/s")]
+        assert re.fullmatch(r"[\d,.]+", compiled) and re.fullmatch(r"\d+\.\d+×", ratio)
+        assert re.fullmatch(r"\d+\.\d+× ours eager", vs_eager)
+        first, eager_first = cells[(pair, "compiled decoding: first batch s, per repeat (compiling, or loading "
+                                    "torch's cache)")][:2]
+        assert re.fullmatch(r"[\d.]+", first) and re.fullmatch(r"ours eager: [\d.]+", eager_first)
+        assert re.fullmatch(r"[\d,.]+ \([\d.]+%\)",
+                            cells[(pair, "compiled decoding: generate matmul GFLOP/s (% of the ceiling)")][0])
     # each target verdict agrees with the ratio printed beside it (the bounds are the suite's targets)
     targets = {("transformer", "train target tokens/s"): ("≥", 1.0),
                ("transformer", "generate sentences/s"): ("≥", 1.5),
@@ -165,7 +166,10 @@ def test_without_native_bf16_the_ceiling_is_fp32_only_and_bf16_is_refused(monkey
     """On a CPU without bf16 kernels (AVX2) an emulated 2048² bf16 matmul takes minutes and
     measures nothing: the ceiling leaves it out, and --bf16 is refused in one line."""
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
-    assert list(measure.measure_matmul_ceiling({"device": "cpu", "precision": "fp32"})["ceilings"]) == ["fp32"]
+    machine = measure.measure_matmul_ceiling({"device": "cpu", "precision": "fp32"})
+    assert list(machine["ceilings"]) == ["fp32"]
+    assert list(machine["kernels"]) == ["fp32 matmul", "fp32 oneDNN prepacked"]
+    assert machine["ceilings"]["fp32"] == max(machine["kernels"].values())
     with pytest.raises(PluginError, match=r"^--bf16: this cpu device has no native bfloat16 support"):
         measure.measure_matmul_ceiling({"device": "cpu", "precision": "bf16"})
 

@@ -1,6 +1,7 @@
-"""``--compile-decoding``: RNNsearch's alignment energies compiled by torch.compile decode as the
-eager model does. Oracles: the eager formula on the same tensors, and plain fairseq-generate on
-the same checkpoint (every hypothesis of --nbest 2, its score and positional scores)."""
+"""``--compile-decoding``: linear layers prepacked for oneDNN and RNNsearch's alignment energies
+compiled by torch.compile decode as the eager model does. Oracles: the eager formula on the same
+tensors, and plain fairseq-generate on the same checkpoint (every hypothesis of --nbest 2, its
+score and positional scores)."""
 import logging
 
 import pytest
@@ -9,6 +10,7 @@ from fairseq import checkpoint_utils
 from helpers import generate_in_process, parse_generation
 
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
+from fairseq_plugins.modules.prepacked_linear import PrepackedLinear
 
 
 def test_compiled_energies_equal_the_eager_ones_and_serve_decoding_only():
@@ -42,23 +44,34 @@ def _prepare(path, compile_decoding):
     return models[0]
 
 
-def test_the_flag_reaches_rnnsearchs_attention_and_says_when_a_model_has_nothing(generation_models, caplog):
-    assert _prepare(generation_models["rnnsearch"], False).decoder.context.attention.compiled_energies is None
+def test_the_flag_prepacks_every_suite_model_compiles_rnnsearchs_energies_and_warns_for_others(
+        generation_models, caplog):
+    model = _prepare(generation_models["rnnsearch"], False)
+    assert model.decoder.context.attention.compiled_energies is None
+    assert not any(isinstance(m, PrepackedLinear) for m in model.modules())
     with caplog.at_level(logging.INFO):
         model = _prepare(generation_models["rnnsearch"], True)
     assert model.decoder.context.attention.compiled_energies is not None
-    assert "RNNsearchModel compiles the alignment model's energies" in caplog.text
-    for family in ("vaswani_transformer", "rnnencdec"):
+    assert "RNNsearchModel prepacks its 13 linear layers for oneDNN; compiles the alignment model's energies" \
+        in caplog.text
+    for family, layers in (("vaswani_transformer", 12), ("rnnencdec", 11), ("seq2seq_lstm", 1)):
         caplog.clear()
-        _prepare(generation_models[family], True)
-        assert "has no step worth compiling; it decodes as without the flag" in caplog.text, family
+        with caplog.at_level(logging.INFO):
+            model = _prepare(generation_models[family], True)
+        assert not any(type(m) is torch.nn.Linear for m in model.modules()), family
+        assert f"prepacks its {layers} linear layers for oneDNN\n" in caplog.text + "\n", family
+    caplog.clear()
+    model = _prepare(generation_models["builtin_transformer"], True)
+    assert "is not a fairseq-plugins model; it decodes as without the flag" in caplog.text
+    assert not any(isinstance(m, PrepackedLinear) for m in model.modules())
 
 
 @pytest.mark.slow
-def test_fairseq_generate_with_compiled_decoding_gives_the_same_hypotheses(generation_models, plain_generations,
-                                                                         data_bin, tmp_path):
-    plain = plain_generations["rnnsearch"]  # --nbest 2, beam 2
-    compiled = parse_generation(generate_in_process(tmp_path, data_bin, generation_models["rnnsearch"],
+@pytest.mark.parametrize("family", ["rnnsearch", "vaswani_transformer", "rnnencdec", "seq2seq_lstm"])
+def test_fairseq_generate_with_compiled_decoding_gives_the_same_hypotheses(family, generation_models,
+                                                                         plain_generations, data_bin, tmp_path):
+    plain = plain_generations[family]  # --nbest 2, beam 2
+    compiled = parse_generation(generate_in_process(tmp_path, data_bin, generation_models[family],
                                                     "--nbest", "2", "--compile-decoding"))
     assert sorted(compiled) == sorted(plain)
     for i in plain:  # scores are printed with 4 decimals: rounding may differ by one in the last

@@ -23,7 +23,6 @@ import torch._dynamo  # noqa: F401  (torch.optim imports it lazily, seconds: onc
 from fairseq_plugins.benchmarks.measure import measure_generation, measure_matmul_ceiling, measure_training
 from fairseq_plugins.benchmarks.presets import (
     COMPILED,
-    COMPILED_PAIRS,
     MODELS,
     PRESETS,
     _dictionaries,
@@ -106,7 +105,7 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
     base_job = {"device": args.device, "precision": precision, "threads": args.threads}
     pairs = args.pairs
     runs = [(pair, kind) for pair in pairs for kind in ("train", "generate")]
-    measured = {(pair, kind): MODELS + ((COMPILED,) if kind == "generate" and pair in COMPILED_PAIRS else ())
+    measured = {(pair, kind): MODELS + ((COMPILED,) if kind == "generate" else ())
                 for pair, kind in runs}
     table = {(pair, kind, model): [] for (pair, kind), models in measured.items() for model in models}  # -> repeats
     budget = Budget(args.budget_minutes, 1 + len(table) * args.repeats)

@@ -11,7 +11,7 @@
 * model FLOP/s: matmul/attention FLOPs of forward+backward per target token, counted by
   ``torch.utils.flop_counter`` on one more untimed update after the warm-up, times the
   measured tokens/s, against the matmul ceiling (:func:`measure_matmul_ceiling`, one large
-  matmul per precision).
+  matmul per precision, by the fastest of torch's kernels for it).
 """
 import resource
 import time
@@ -29,6 +29,7 @@ from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS, count_scan_ste
 from fairseq_plugins.errors import PluginError
 from fairseq_plugins.hardware import native_bf16
 from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
+from fairseq_plugins.modules.prepacked_linear import PrepackedLinear, prepacking_available
 
 
 def _synchronize(device: str):
@@ -59,9 +60,22 @@ def _check_device(device: str, precision: str):
                           "times slower than fp32); benchmark fp32")
 
 
+def _square_matmuls(a, b):
+    """The ways torch multiplies a by b: ``a @ b`` (MKL's sgemm on a CPU) and, for float32 on a
+    CPU, oneDNN on a prepacked b (``--compile-decoding``'s linear layers), which runs twice as
+    fast on some CPUs (docs/BENCHMARKS.md)."""
+    kernels = {"matmul": lambda: a @ b}
+    if a.device.type == "cpu" and a.dtype == torch.float32 and prepacking_available():
+        linear = PrepackedLinear(b.size(0), b.size(1), bias=False)
+        linear.weight.data = b.t().contiguous()
+        kernels["oneDNN prepacked"] = lambda: linear(a)
+    return kernels
+
+
 def measure_matmul_ceiling(job) -> dict:
-    """FLOP/s of one large square matmul per precision: the fastest of the runs in ~1 s. bf16
-    only where it is native (emulated, one such matmul takes minutes and says nothing)."""
+    """FLOP/s of one large square matmul per precision: the fastest of the runs in ~1 s of the
+    fastest kernel. bf16 only where it is native (emulated, one such matmul takes minutes and
+    says nothing)."""
     device = job["device"]
     _check_device(device, job["precision"])
     n = 8192 if device == "cuda" else 2048
@@ -70,20 +84,23 @@ def measure_matmul_ceiling(job) -> dict:
         dtypes["bf16"] = torch.bfloat16
     if device == "cuda":
         dtypes["fp16"] = torch.float16
-    ceilings = {}
+    ceilings, kernels = {}, {}
     for name, dtype in dtypes.items():
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        a @ b  # warm-up
-        times = []
-        while len(times) < 3 or (sum(times) < 1.0 and len(times) < 50):
-            _synchronize(device)
-            start = time.perf_counter()
-            a @ b
-            _synchronize(device)
-            times.append(time.perf_counter() - start)
-        ceilings[name] = 2 * n**3 / min(times)
-    info = {"ceilings": ceilings, "threads": torch.get_num_threads()}
+        for kernel, multiply in _square_matmuls(a, b).items():
+            with torch.no_grad():
+                multiply()  # warm-up (and packing)
+                times = []
+                while len(times) < 3 or (sum(times) < 1.0 and len(times) < 50):
+                    _synchronize(device)
+                    start = time.perf_counter()
+                    multiply()
+                    _synchronize(device)
+                    times.append(time.perf_counter() - start)
+            kernels[f"{name} {kernel}"] = 2 * n**3 / min(times)
+            ceilings[name] = max(ceilings.get(name, 0.0), kernels[f"{name} {kernel}"])
+    info = {"ceilings": ceilings, "kernels": kernels, "threads": torch.get_num_threads()}
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info

@@ -117,6 +117,7 @@ def format_report(args, preset, precision, machine, table, counts, seconds, onnx
     ceilings = ", ".join(f"{k} {v / 1e9:,.0f} GFLOP/s" for k, v in machine["ceilings"].items())
     if "bf16" not in machine["ceilings"]:
         ceilings += ", bf16 not native on this device (not measured)"
+    ceilings += "; the fastest of: " + ", ".join(f"{k} {v / 1e9:,.0f}" for k, v in machine["kernels"].items())
     details = []
     for (pair, kind, model), results in table.items():
         key = "tokens_per_s" if kind == "train" else "sentences_per_s"

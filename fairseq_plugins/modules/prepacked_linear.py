@@ -1,0 +1,64 @@
+"""``y = x Wᵀ + b`` with W laid out once for oneDNN's CPU kernels, for decoding.
+
+PyTorch's ``F.linear`` on a float32 CPU tensor calls MKL's sgemm, which repacks W at every call;
+on AMD CPUs it also runs MKL's AVX2 path (docs/BENCHMARKS.md measures half the CPU's peak).
+oneDNN's linear on a weight reordered once into its blocked layout (what inductor's weight
+prepacking does) runs at the CPU's own width. Decoding calls each linear layer once per step on
+a few rows, so the layout is paid once and the speed every step.
+"""
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def prepacking_available() -> bool:
+    """oneDNN is built into this torch (every x86 and arm64 wheel)."""
+    return torch.backends.mkldnn.is_available()
+
+
+class PrepackedLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state_dict) that, without autograd and on float32
+    CPU inputs, multiplies by a oneDNN copy of its weight. The copy is made at the first such call
+    and again whenever the weight changed (``load_state_dict``, an optimizer step, a new tensor);
+    anything else (training, half precision, a GPU) runs ``F.linear``."""
+
+    @classmethod
+    def sharing(cls, linear: nn.Linear) -> "PrepackedLinear":
+        """A PrepackedLinear holding ``linear``'s own parameters (ties such as shared embeddings stay)."""
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        layer.weight, layer.bias = linear.weight, linear.bias
+        return layer
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._packed = None  # (what it was made from, oneDNN weight), replaced in one assignment
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        if torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != x.dtype:
+            return F.linear(x, w, self.bias)
+        made_from = (w.data_ptr(), w._version, tuple(w.shape))
+        packed = self._packed
+        if packed is None or packed[0] != made_from:
+            packed = (made_from, torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
+            self._packed = packed
+        bias = None if self.bias is None else self.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x, packed[1], bias, "none", [], "")
+
+    def __getstate__(self):
+        # a oneDNN tensor cannot be copied or pickled: copies make their own at their first call
+        return {**super().__getstate__(), "_packed": None}
+
+
+def prepack_linear_layers_(module: nn.Module) -> int:
+    """Replaces every ``nn.Linear`` inside ``module`` by a :class:`PrepackedLinear` sharing its
+    parameters; returns how many (0 where oneDNN is not built in: nothing changes)."""
+    if not prepacking_available():
+        return 0
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, PrepackedLinear.sharing(child))
+                replaced += 1
+    return replaced

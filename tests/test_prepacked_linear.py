@@ -1,0 +1,82 @@
+"""PrepackedLinear (``--compile-decoding``'s oneDNN linear layers) computes nn.Linear's x Wᵀ + b.
+Oracle: ``F.linear`` on the same tensors, and nn.Linear's gradients for training."""
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fairseq_plugins.modules.prepacked_linear import PrepackedLinear, prepack_linear_layers_
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+def _layer(bias=True):
+    torch.manual_seed(0)
+    return PrepackedLinear.sharing(nn.Linear(24, 40, bias=bias))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5, 24), (3, 4, 24), (0, 24), (2, 3, 4, 24)])
+def test_decoding_computes_x_W_transposed_plus_b_with_the_prepacked_weight(bias, shape):
+    layer = _layer(bias)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        y = layer(x)
+    assert layer._packed is not None, "the oneDNN weight was not used"
+    torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():  # fairseq-generate's mode
+        torch.testing.assert_close(layer(x.transpose(-1, -2).contiguous().transpose(-1, -2)),
+                                   F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_a_changed_weight_is_packed_again():
+    layer, x = _layer(), torch.randn(6, 24)
+    with torch.no_grad():
+        layer(x)
+        layer.load_state_dict({"weight": torch.randn(40, 24), "bias": torch.randn(40)})  # copy_ in place
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=1.0)
+    layer(x).sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        layer.weight = nn.Parameter(torch.randn(40, 24))  # a new tensor
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_training_and_other_dtypes_run_nn_linear():
+    layer, reference = _layer(), nn.Linear(24, 40)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(7, 24)
+    layer(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    assert layer._packed is None
+    for ours, theirs in zip(layer.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+    with torch.no_grad():
+        torch.testing.assert_close(layer.double()(x.double()), F.linear(x.double(), layer.weight, layer.bias))
+    assert layer._packed is None
+
+
+def test_prepacking_a_model_keeps_its_parameters_ties_and_copies():
+    torch.manual_seed(0)
+    embed = nn.Embedding(40, 24)
+    model = nn.Sequential(nn.Linear(24, 24), nn.Sequential(nn.ReLU(), nn.Linear(24, 40, bias=False)))
+    model[1][1].weight = embed.weight  # tied, as the Transformer's output projection and its embeddings
+    keys = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(3, 24)
+    expected = model(x).detach()
+    assert prepack_linear_layers_(model) == 2
+    assert all(type(m) is not nn.Linear for m in model.modules())
+    assert model[1][1].weight is embed.weight
+    assert {k: v for k, v in model.state_dict().items()}.keys() == keys.keys()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+        embed.weight.mul_(2.0)  # the tie holds through the prepacked copy
+        torch.testing.assert_close(model[1][1](x), F.linear(x, embed.weight), rtol=1e-5, atol=1e-5)
+        for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            torch.testing.assert_close(copied(x), model(x), rtol=1e-5, atol=1e-5)
+    assert prepack_linear_layers_(model) == 0  # already done
