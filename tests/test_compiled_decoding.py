@@ -37,6 +37,24 @@ def test_compiled_energies_equal_the_eager_ones_and_serve_decoding_only():
     assert len(calls) == 1 and attention.W_a.weight.grad is not None
 
 
+def test_compiled_energies_are_the_float64_formula_at_saturation_and_near_zero():
+    """The compiled tanh is written with exp: ±1 where exp overflows or vanishes, about x near 0,
+    NaN where the input is NaN; within float32's rounding of the float64 energies elsewhere."""
+    from fairseq_plugins.modules.additive_attention import alignment_energies
+    torch.manual_seed(0)
+    W_a_s = torch.randn(2, 3, 8) * 4
+    W_a_s[0, 0] = torch.tensor([60.0, -60.0, 1e-8, -1e-8, 200.0, -200.0, 0.5, 0.0])
+    U_a_h, v_a = torch.randn(2, 5, 8), torch.randn(8)
+    U_a_h[0, 0] = 0.0
+    with torch.no_grad():
+        got = torch.compile(alignment_energies, dynamic=True)(W_a_s, U_a_h, v_a)
+        expected = torch.add(W_a_s.double().unsqueeze(2), U_a_h.double().unsqueeze(1)).tanh() @ v_a.double()
+        torch.testing.assert_close(got.double(), expected, rtol=1e-6, atol=2e-6)
+        W_a_s[1, 2, 3] = float("nan")
+        got = torch.compile(alignment_energies, dynamic=True)(W_a_s, U_a_h, v_a)
+    assert got[1, 2].isnan().all() and not got[1, :2].isnan().any() and not got[0].isnan().any()
+
+
 def _prepare(path, compile_decoding):
     models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([path])
     cfg.generation.compile_decoding = compile_decoding

@@ -1,10 +1,10 @@
 """``y = x Wᵀ + b`` with W laid out once for oneDNN's CPU kernels, for decoding.
 
-PyTorch's ``F.linear`` on a float32 CPU tensor calls MKL's sgemm, which repacks W at every call;
-on AMD CPUs it also runs MKL's AVX2 path (docs/BENCHMARKS.md measures half the CPU's peak).
-oneDNN's linear on a weight reordered once into its blocked layout (what inductor's weight
-prepacking does) runs at the CPU's own width. Decoding calls each linear layer once per step on
-a few rows, so the layout is paid once and the speed every step.
+PyTorch's ``F.linear`` on a float32 CPU tensor calls MKL's sgemm, which on the AMD EPYC of
+docs/BENCHMARKS.md runs at the AVX2 peak; oneDNN's linear on a weight reordered once into its
+blocked layout (what inductor's weight prepacking does) ran twice as fast there. Decoding calls
+each linear layer once per step on a few hundred rows, so the layout is paid once and the speed
+every step.
 """
 import torch
 import torch.nn.functional as F
