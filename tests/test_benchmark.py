@@ -33,7 +33,7 @@ MEASUREMENTS = [
 def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     out = tmp_path / "bench.md"
     stdout = run(["fairseq-plugins-benchmark", "--data", data_bin, "--preset", "tiny", "--repeats", "1",
-                  "--threads", "1", "--beam", "3", "--max-len", "7", "--onnx", "--out", out])
+                  "--threads", "1", "--beam", "3", "--max-len", "7", "--onnx", "--ctranslate2", "--out", out])
     report = out.read_text()
     assert report.strip() in stdout  # the file holds the printed report
     assert re.search(r"^- date: \d{4}-\d\d-\d\d", report, re.M)
@@ -80,15 +80,19 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
         met = value >= bound if sense == "≥" else value <= bound
         marks = "✓✗" if abs(value - bound) < 0.01 else ("✓" if met else "✗")  # the printed ratio is rounded
         assert target[:-1] == f"{sense} {bound:.2f}× " and target[-1] in marks, (key, ratio, target)
-    # --onnx: each pair's model in ONNX Runtime, float32 with fairseq-generate's very hypotheses
-    assert "## ONNX Runtime (`--onnx`)" in report and "beam 3, lengths 1 to 7" in report
-    onnx = {(r[0], r[2]): r for r in tables(report)[-1][1:]}
-    assert sorted(onnx) == sorted((pair, engine) for pair in ("transformer", "rnnsearch")
-                                  for engine in ("fairseq", "onnx float32", "onnx int8"))
+    # --onnx --ctranslate2: each pair's model in ONNX Runtime, the Transformer's in CTranslate2, and
+    # fairseq-generate with --compile-decoding, each float32 route with fairseq-generate's very hypotheses
+    assert "## Engines (`--onnx`, `--ctranslate2`)" in report and "beam 3, lengths 1 to 7" in report
+    engines = {(r[0], r[2]): r for r in tables(report)[-1][1:]}
+    routes = ("fairseq", "fairseq --compile-decoding", "onnx float32", "onnx int8")
+    assert sorted(engines) == sorted([(pair, e) for pair in ("transformer", "rnnsearch") for e in routes]
+                                     + [("transformer", "ctranslate2 float32"), ("transformer", "ctranslate2 int8")])
     for pair in ("transformer", "rnnsearch"):
-        same, total = onnx[(pair, "onnx float32")][-1].split("/")
-        assert same == total and int(total) > 0, onnx[(pair, "onnx float32")]
-        assert onnx[(pair, "fairseq")][5] == "1.00×" and re.fullmatch(r"\d+\.\d+×", onnx[(pair, "onnx int8")][8])
+        for route in ("fairseq --compile-decoding", "onnx float32"):
+            same, total = engines[(pair, route)][-1].split("/")
+            assert same == total and int(total) > 0, engines[(pair, route)]
+        assert engines[(pair, "fairseq")][5] == "1.00×" and re.fullmatch(r"\d+\.\d+×", engines[(pair, "onnx int8")][8])
+    assert re.fullmatch(r"\d+/\d+", engines[("transformer", "ctranslate2 float32")][-1])
 
 
 def tables(report):
@@ -153,6 +157,8 @@ def test_scale_bad_flags_give_one_line_errors(argv, message, capsys):
     (["--max-len", "0"], "--max-len must be at least 1"),
     (["--max-len", "30", "--min-len", "5"], "--min-len 5 with --max-len 30: --max-len fixes the hypothesis length"),
     (["--onnx", "--bf16"], "--onnx: the ONNX rows run on CPU in float32"),
+    (["--ctranslate2", "--device", "cuda"], "--ctranslate2: the CTranslate2 rows run on CPU"),
+    (["--ctranslate2", "--pairs", "rnnsearch"], "--ctranslate2: CTranslate2 converts the transformer pair only"),
 ])
 def test_bad_flags_give_one_line_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -10,6 +10,7 @@ from fairseq import checkpoint_utils
 from helpers import generate_in_process, parse_generation
 
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
+from fairseq_plugins.modules import prepacked_linear
 from fairseq_plugins.modules.prepacked_linear import PrepackedLinear
 
 
@@ -81,6 +82,14 @@ def test_the_flag_prepacks_every_suite_model_compiles_rnnsearchs_energies_and_wa
     caplog.clear()
     model = _prepare(generation_models["builtin_transformer"], True)
     assert "is not a fairseq-plugins model; it decodes as without the flag" in caplog.text
+    assert not any(isinstance(m, PrepackedLinear) for m in model.modules())
+
+
+def test_without_onednn_a_model_with_nothing_to_compile_says_so(generation_models, caplog, monkeypatch):
+    monkeypatch.setattr(prepacked_linear, "prepacking_available", lambda: False)  # an arm64 CPU, say
+    model = _prepare(generation_models["rnnencdec"], True)
+    assert "RNNencdecModel has nothing to prepack (not an x86 CPU, or torch without oneDNN) or compile; it " \
+           "decodes as without the flag" in caplog.text
     assert not any(isinstance(m, PrepackedLinear) for m in model.modules())
 
 

@@ -7,7 +7,8 @@ the process's CPU time (all its threads: on a machine shared with other jobs the
 split's references (sacrebleu, as binarized: unknown words are ``<unk>``) and how many
 hypotheses equal fairseq's. fairseq decodes through ``task.build_generator`` (fairseq-generate's
 SequenceGenerator, batches of ``--batch-size`` sentences by length), beam ``--beam``, length
-penalty 1, ``--max-len``; one process, ``torch.set_num_threads`` for the threads. The engines
+penalty 1, ``--max-len``; one process, ``torch.set_num_threads`` for the threads; a suite model
+also with ``--compile-decoding`` (engine ``fairseq --compile-decoding``). The engines
 come from exports: functions like :func:`fairseq_plugins.benchmarks.ctranslate2.ctranslate2_engines`
 and :func:`fairseq_plugins.benchmarks.onnx.onnx_engines`.
 """
@@ -18,10 +19,17 @@ from argparse import Namespace
 from typing import Callable, Dict, List, Sequence
 
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU
 
+from fairseq_plugins.benchmarks.measure import generation_model
 from fairseq_plugins.benchmarks.report import describe_run, engine_table
+from fairseq_plugins.checkpoints import save_state
+from fairseq_plugins.modules.beam_cache import BeamCacheDecoder
+
+ENGINES_MAX_LEN = 200  # fairseq-generate's default --max-len-b, where --max-len does not fix one
 
 
 def _test_split(task, subset: str):
@@ -46,6 +54,16 @@ def _fairseq(model, task, dataset, args) -> List[str]:
     return [hypotheses[i] for i in range(len(hypotheses))]
 
 
+def _prepared(checkpoint: str, args, compile_decoding: bool):
+    """The model and task of ``checkpoint`` as fairseq-generate prepares them (``prepare_for_inference_``),
+    with or without ``--compile-decoding``."""
+    [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint],
+                                                                       arg_overrides={"data": args.data})
+    cfg.generation.beam, cfg.generation.compile_decoding = args.beam, compile_decoding
+    model.eval().prepare_for_inference_(cfg)
+    return model, task
+
+
 def engine(open_translator: Callable, translate: Callable) -> Callable:
     """threads -> a call translating the split with a translator opened once for that many threads."""
     def for_threads(threads: int) -> Callable[[], List[str]]:
@@ -58,17 +76,39 @@ def measure_checkpoint(checkpoint: str, args, work_dir: str, exports: Sequence[C
     """Rows {checkpoint, threads, engine, sentences_per_s: [...], bleu, identical} of one model:
     fairseq-generate and the engines of each of ``exports`` (functions like
     :func:`fairseq_plugins.benchmarks.ctranslate2.ctranslate2_engines`)."""
-    [model], _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": args.data})
-    model.eval()
+    model, task = _prepared(checkpoint, args, compile_decoding=False)
+    fairseq = {"fairseq": model}
+    if isinstance(model.decoder, BeamCacheDecoder):  # a suite model: also as --compile-decoding decodes it
+        fairseq["fairseq --compile-decoding"] = _prepared(checkpoint, args, compile_decoding=True)[0]
     dataset, sources, references = _test_split(task, args.subset)
     made = {name: make for engines in exports for name, make in engines(checkpoint, args, work_dir, sources).items()}
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        engines = {"fairseq": lambda: _fairseq(model, task, dataset, args)}
+        engines = {name: lambda model=model: _fairseq(model, task, dataset, args) for name, model in fairseq.items()}
         engines.update({name: make(threads) for name, make in made.items()})
         rows += time_engines(engines, checkpoint, threads, references, args.repeats)
     return rows
+
+
+def measure_trained(job) -> dict:
+    """``fairseq-plugins-benchmark --onnx``/``--ctranslate2``: the suite's model of a pair as its
+    generation rows decode it (the built-in Transformer's weights converted), written as a
+    checkpoint, then :func:`measure_checkpoint` with ``job["exports"]`` on the test split with the
+    settings in ``job["engines"]``."""
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), job["train_argv"]))
+    model, model_args = generation_model(job, tasks.setup_task(cfg.task))
+    checkpoint = os.path.join(job["work_dir"], job["pair"], "checkpoint.pt")
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+    state_cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    state_cfg["model"] = model_args if isinstance(model_args, Namespace) else \
+        OmegaConf.to_container(model_args, resolve=True, enum_to_str=True)
+    history = {"criterion_name": cfg.criterion._name, "optimizer_name": cfg.optimizer._name,
+               "lr_scheduler_state": {}, "num_updates": 0}  # what fairseq's loader reads
+    save_state({"cfg": state_cfg, "model": model.state_dict(), "optimizer_history": [history],
+                "extra_state": {"train_iterator": None}}, checkpoint)
+    rows = measure_checkpoint(checkpoint, Namespace(**job["engines"]), job["work_dir"], job["exports"])
+    return {"rows": [{**row, "max_len": job["engines"]["max_len"]} for row in rows]}
 
 
 def time_engines(engines: Dict, checkpoint: str, threads: int, references: List[str], repeats: int) -> List[Dict]:

@@ -156,20 +156,29 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
                 done = result["updates"] if kind == "train" else result["sentences"]
                 counts.setdefault((pair, kind), done)
                 table[(pair, kind, model)].append(result)
-    onnx_rows = []
-    if args.onnx:  # onnxruntime and onnxscript only then
-        from fairseq_plugins.benchmarks.onnx import ONNX_MAX_LEN, measure_trained
+    engine_rows = []
+    if args.onnx or args.ctranslate2:  # onnxruntime, onnxscript and ctranslate2 only then
+        from fairseq_plugins.benchmarks.engines import ENGINES_MAX_LEN, measure_trained
 
         settings = {"data": args.data, "subset": "test", "threads": [args.threads or torch.get_num_threads()],
-                    "repeats": args.repeats, "beam": args.beam, "max_len": args.max_len or ONNX_MAX_LEN,
+                    "repeats": args.repeats, "beam": args.beam, "max_len": args.max_len or ENGINES_MAX_LEN,
                     "batch_size": args.gen_batch}
         for pair in pairs:
+            exports = []
+            if args.onnx:
+                from fairseq_plugins.benchmarks.onnx import onnx_engines
+                exports.append(onnx_engines)
+            if args.ctranslate2 and pair == "transformer":  # CTranslate2 converts Transformers only
+                from fairseq_plugins.benchmarks.ctranslate2 import ctranslate2_engines
+                exports.append(ctranslate2_engines)
             convert = pair == "transformer"  # ours decodes the built-in's weights converted, as above
-            job = {**base_job, "label": f"{pair}/onnx", "pair": pair, "work_dir": work_dir, "convert": convert,
+            job = {**base_job, "label": f"{pair}/engines", "pair": pair, "work_dir": work_dir, "convert": convert,
                    "weights": os.path.join(work_dir, f"{pair}-{trained_by[(pair, 'ours')]}.pt"),
                    "train_argv": training_argv(args, flags[pair]["theirs" if convert else "ours"], work_dir,
-                                               device=args.device, fp16=args.fp16), "onnx": settings}
-            log(f"ONNX Runtime: {pair} exported (float32, int8) and timed against fairseq-generate")
-            onnx_rows += in_fresh_process(measure_trained, job)["rows"]
-    report = format_report(args, preset, precision, machine, table, counts, time.time() - start, onnx_rows)
+                                               device=args.device, fp16=args.fp16),
+                   "engines": settings, "exports": exports}
+            log(f"engines: {pair}'s model exported ({', '.join(e.__name__ for e in exports) or 'none'}) and timed "
+                "against fairseq-generate")
+            engine_rows += in_fresh_process(measure_trained, job)["rows"]
+    report = format_report(args, preset, precision, machine, table, counts, time.time() - start, engine_rows)
     return report

@@ -80,7 +80,7 @@ def _compiled_rows(pair: str, table, ceiling: float) -> List[List[str]]:
     ]
 
 
-def format_report(args, preset, precision, machine, table, counts, seconds, onnx_rows=()) -> str:
+def format_report(args, preset, precision, machine, table, counts, seconds, engine_rows=()) -> str:
     ceiling = machine["ceilings"][precision]
     max_len_a, max_len_b = length_limits(args)
     rows = []
@@ -145,18 +145,19 @@ def format_report(args, preset, precision, machine, table, counts, seconds, onnx
         *details,
         "",
     ]
-    if onnx_rows:
+    if engine_rows:
         report += [
-            "## ONNX Runtime (`--onnx`)",
+            "## Engines (`--onnx`, `--ctranslate2`)",
             "",
-            f"The suite's model of each pair (the Transformer: the built-in's weights converted) exported by "
-            f"fairseq-plugins-export-onnx and decoded by its runtime, against fairseq-generate on the whole test "
-            f"split: beam {args.beam}, lengths 1 to {onnx_rows[0]['max_len']}, batches of {args.gen_batch}, "
-            f"{args.repeats} repeats interleaved (medians). Targets for rnnsearch at the cpu preset: float32 "
-            f"≥ {ONNX_TARGETS['onnx float32']:.1f}× and int8 ≥ {ONNX_TARGETS['onnx int8']:.1f}× fairseq-generate "
-            "per CPU-second.",
+            f"The suite's model of each pair (the Transformer: the built-in's weights converted) decoded by "
+            f"fairseq-generate, by fairseq-generate --compile-decoding, and exported to each engine asked for "
+            f"(ONNX Runtime: fairseq-plugins-export-onnx; CTranslate2: the Transformer only), on the whole test "
+            f"split: beam {args.beam}, lengths 1 to {engine_rows[0]['max_len']}, batches of {args.gen_batch}, "
+            f"{args.repeats} repeats interleaved (medians). Targets for rnnsearch at the cpu preset: ONNX Runtime "
+            f"float32 ≥ {ONNX_TARGETS['onnx float32']:.1f}× and int8 ≥ {ONNX_TARGETS['onnx int8']:.1f}× "
+            "fairseq-generate per CPU-second.",
             "",
-            *engine_table(onnx_rows).splitlines(),
+            *engine_table(engine_rows).splitlines(),
             "",
         ]
     return "\n".join(report)

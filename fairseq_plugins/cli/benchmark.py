@@ -2,7 +2,7 @@
 
     fairseq-plugins-benchmark [--data DIR] [--preset tiny|cpu|base|big] [--device cpu|cuda]
                               [--fp16 | --bf16] [--beam 4] [--max-len L] [--repeats 3]
-                              [--budget-minutes M] [--onnx] [--out FILE]
+                              [--budget-minutes M] [--onnx] [--ctranslate2] [--out FILE]
 
 What is measured and how: :mod:`fairseq_plugins.benchmarks`.
 """
@@ -62,6 +62,10 @@ def get_parser() -> ArgumentParser:
                              "(float32 and int8) and time ONNX Runtime against fairseq-generate on the whole test "
                              "split (beam --beam, lengths 1 to --max-len or 200, batches of --gen-batch); needs "
                              "the [onnx] extra; not bounded by --budget-minutes")
+    parser.add_argument("--ctranslate2", action="store_true",
+                        help="also export the transformer pair's model with fairseq-plugins-export-ctranslate2 "
+                             "(float32 and int8) and time CTranslate2 in the same table as --onnx; needs the "
+                             "[deploy] extra; not bounded by --budget-minutes")
     parser.add_argument("--out", help="also write the markdown report to this file")
     return parser
 
@@ -99,6 +103,17 @@ def check_args(args):
             raise ConfigError(f"--onnx: {e.name} is not installed; pip install 'fairseq-plugins[onnx]'") from None
         if args.device != "cpu" or args.fp16 or args.bf16:
             raise ConfigError("--onnx: the ONNX rows run on CPU in float32; leave out --device cuda, --fp16 and --bf16")
+    if args.ctranslate2:
+        try:
+            import ctranslate2  # noqa: F401
+        except ImportError:
+            raise ConfigError("--ctranslate2: ctranslate2 is not installed; pip install 'fairseq-plugins[deploy]'") \
+                from None
+        if args.device != "cpu" or args.fp16 or args.bf16:
+            raise ConfigError("--ctranslate2: the CTranslate2 rows run on CPU; leave out --device cuda, --fp16 and "
+                              "--bf16")
+        if "transformer" not in args.pairs:
+            raise ConfigError("--ctranslate2: CTranslate2 converts the transformer pair only; add it to --pairs")
     return args
 
 

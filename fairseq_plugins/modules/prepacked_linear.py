@@ -6,14 +6,16 @@ blocked layout (what inductor's weight prepacking does) ran twice as fast there.
 each linear layer once per step on a few hundred rows, so the layout is paid once and the speed
 every step.
 """
+import platform
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
 def prepacking_available() -> bool:
-    """oneDNN is built into this torch (every x86 and arm64 wheel)."""
-    return torch.backends.mkldnn.is_available()
+    """An x86 CPU (where these kernels were measured and tested) and a torch built with oneDNN."""
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
 
 
 class PrepackedLinear(nn.Linear):
@@ -52,7 +54,7 @@ class PrepackedLinear(nn.Linear):
 
 def prepack_linear_layers_(module: nn.Module) -> int:
     """Replaces every ``nn.Linear`` inside ``module`` by a :class:`PrepackedLinear` sharing its
-    parameters; returns how many (0 where oneDNN is not built in: nothing changes)."""
+    parameters; returns how many (0 where :func:`prepacking_available` is not: nothing changes)."""
     if not prepacking_available():
         return 0
     replaced = 0

@@ -56,8 +56,8 @@ def prepare_for_inference_(self, cfg):
     if done:
         logger.info("--compile-decoding: %s %s", type(self).__name__, "; ".join(done))
     else:
-        logger.warning("--compile-decoding: %s has nothing to prepack (torch without oneDNN) or compile; it "
-                       "decodes as without the flag", type(self).__name__)
+        logger.warning("--compile-decoding: %s has nothing to prepack (not an x86 CPU, or torch without oneDNN) "
+                       "or compile; it decodes as without the flag", type(self).__name__)
 
 
 PATCH = Patch(__name__, {
