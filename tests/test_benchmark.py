@@ -84,7 +84,8 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     # fairseq-generate with --compile-decoding, each float32 route with fairseq-generate's very hypotheses
     assert "## Engines (`--onnx`, `--ctranslate2`)" in report and "beam 3, lengths 1 to 7" in report
     engines = {(r[0], r[2]): r for r in tables(report)[-1][1:]}
-    routes = ("fairseq", "fairseq --compile-decoding", "onnx float32", "onnx int8")
+    routes = ("fairseq", "fairseq --compile-decoding", "fairseq --compile-decoding --quantize-decoding int8",
+              "onnx float32", "onnx int8")
     assert sorted(engines) == sorted([(pair, e) for pair in ("transformer", "rnnsearch") for e in routes]
                                      + [("transformer", "ctranslate2 float32"), ("transformer", "ctranslate2 int8")])
     for pair in ("transformer", "rnnsearch"):

@@ -216,8 +216,8 @@ def test_benchmark_reports_speed_and_the_bleu_of_fairseq_generate(models, tmp_pa
     assert report.read_text().startswith("# fairseq-generate vs CTranslate2 and ONNX Runtime (beam 4, ")
     rows = {cells[2]: cells for cells in (line.strip("|").split(" | ") for line in report.read_text().splitlines()
                                           if line.startswith("| paper-postln-shared"))}
-    assert set(rows) == {"fairseq", "fairseq --compile-decoding", "ctranslate2 float32", "ctranslate2 int8",
-                         "onnx float32", "onnx int8"}
+    assert set(rows) == {"fairseq", "fairseq --compile-decoding", "fairseq --compile-decoding --quantize-decoding int8",
+                         "ctranslate2 float32", "ctranslate2 int8", "onnx float32", "onnx int8"}
     ids = sorted(expected)
     references = [expected[i][4] for i in ids]  # the binarized references, as the benchmark reads them
     fairseq_bleu = BLEU().corpus_score([expected[i][1] for i in ids], [references]).score

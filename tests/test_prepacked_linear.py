@@ -1,4 +1,5 @@
-"""PrepackedLinear (``--compile-decoding``'s oneDNN linear layers) computes nn.Linear's x Wᵀ + b.
+"""PrepackedLinear (``--compile-decoding``'s oneDNN linear layers) computes nn.Linear's x Wᵀ + b, and the
+int8 layers of ``--quantize-decoding int8`` within int8's rounding of it.
 Oracle: ``F.linear`` on the same tensors, and nn.Linear's gradients for training."""
 import copy
 import pickle
@@ -8,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fairseq_plugins.modules.prepacked_linear import PrepackedLinear, prepack_linear_layers_, prepacking_available
+from fairseq_plugins.modules.prepacked_linear import (PrepackedLinear, prepack_linear_layers_, prepacking_available,
+                                                      quantize_linear_layers_)
 
 pytestmark = pytest.mark.skipif(not prepacking_available(), reason="not an x86 CPU, or torch without oneDNN")
 
@@ -80,3 +82,17 @@ def test_prepacking_a_model_keeps_its_parameters_ties_and_copies():
         for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
             torch.testing.assert_close(copied(x), model(x), rtol=1e-5, atol=1e-5)
     assert prepack_linear_layers_(model) == 0  # already done
+
+
+def test_int8_layers_multiply_in_int8_within_its_rounding_and_leave_vectors_alone():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96), nn.Tanh(), nn.Linear(96, 1), nn.Linear(1, 32, bias=False))
+    x = torch.randn(20, 64)
+    expected = model[0](x).detach()
+    assert quantize_linear_layers_(model) == 2
+    assert type(model[2]) is nn.Linear  # a one-output layer: a vector, kept
+    assert all(isinstance(model[i], torch.ao.nn.quantized.dynamic.Linear) for i in (0, 3))
+    with torch.no_grad():
+        got = model[0](x)
+    error = (got - expected).norm() / expected.norm()
+    assert 1e-4 < error < 0.02, error  # int8's rounding: not float32's products, and close to them

@@ -8,7 +8,7 @@ split's references (sacrebleu, as binarized: unknown words are ``<unk>``) and ho
 hypotheses equal fairseq's. fairseq decodes through ``task.build_generator`` (fairseq-generate's
 SequenceGenerator, batches of ``--batch-size`` sentences by length), beam ``--beam``, length
 penalty 1, ``--max-len``; one process, ``torch.set_num_threads`` for the threads; a suite model
-also with ``--compile-decoding`` (engine ``fairseq --compile-decoding``). The engines
+also with its decoding options (``SUITE_DECODING``: ``--compile-decoding``, and with int8 linear layers). The engines
 come from exports: functions like :func:`fairseq_plugins.benchmarks.ctranslate2.ctranslate2_engines`
 and :func:`fairseq_plugins.benchmarks.onnx.onnx_engines`.
 """
@@ -29,6 +29,11 @@ from fairseq_plugins.benchmarks.report import describe_run, engine_table
 from fairseq_plugins.checkpoints import save_state
 from fairseq_plugins.modules.beam_cache import BeamCacheDecoder
 
+# the suite's decoding options measured as engines of their own (rows of a suite model)
+SUITE_DECODING = {
+    "fairseq --compile-decoding": {"compile_decoding": True},
+    "fairseq --compile-decoding --quantize-decoding int8": {"compile_decoding": True, "quantize_decoding": "int8"},
+}
 ENGINES_MAX_LEN = 200  # fairseq-generate's default --max-len-b, where --max-len does not fix one
 
 
@@ -54,12 +59,14 @@ def _fairseq(model, task, dataset, args) -> List[str]:
     return [hypotheses[i] for i in range(len(hypotheses))]
 
 
-def _prepared(checkpoint: str, args, compile_decoding: bool):
-    """The model and task of ``checkpoint`` as fairseq-generate prepares them (``prepare_for_inference_``),
-    with or without ``--compile-decoding``."""
+def _prepared(checkpoint: str, args, **generation):
+    """The model and task of ``checkpoint`` as fairseq-generate prepares them (``prepare_for_inference_``)
+    with the generation options ``generation`` (e.g. ``compile_decoding=True``)."""
     [model], cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint],
                                                                        arg_overrides={"data": args.data})
-    cfg.generation.beam, cfg.generation.compile_decoding = args.beam, compile_decoding
+    cfg.generation.beam = args.beam
+    for name, value in generation.items():
+        setattr(cfg.generation, name, value)
     model.eval().prepare_for_inference_(cfg)
     return model, task
 
@@ -76,10 +83,11 @@ def measure_checkpoint(checkpoint: str, args, work_dir: str, exports: Sequence[C
     """Rows {checkpoint, threads, engine, sentences_per_s: [...], bleu, identical} of one model:
     fairseq-generate and the engines of each of ``exports`` (functions like
     :func:`fairseq_plugins.benchmarks.ctranslate2.ctranslate2_engines`)."""
-    model, task = _prepared(checkpoint, args, compile_decoding=False)
+    model, task = _prepared(checkpoint, args)
     fairseq = {"fairseq": model}
-    if isinstance(model.decoder, BeamCacheDecoder):  # a suite model: also as --compile-decoding decodes it
-        fairseq["fairseq --compile-decoding"] = _prepared(checkpoint, args, compile_decoding=True)[0]
+    if isinstance(model.decoder, BeamCacheDecoder):  # a suite model: also with its decoding options
+        for name, options in SUITE_DECODING.items():
+            fairseq[name] = _prepared(checkpoint, args, **options)[0]
     dataset, sources, references = _test_split(task, args.subset)
     made = {name: make for engines in exports for name, make in engines(checkpoint, args, work_dir, sources).items()}
     rows = []

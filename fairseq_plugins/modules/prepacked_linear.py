@@ -1,4 +1,6 @@
-"""``y = x Wᵀ + b`` with W laid out once for oneDNN's CPU kernels, for decoding.
+"""Linear layers for decoding on a CPU: ``y = x Wᵀ + b`` with W laid out once for oneDNN's kernels
+(float32, :func:`prepack_linear_layers_`), or with int8 weights and int8 products
+(:func:`quantize_linear_layers_`).
 
 PyTorch's ``F.linear`` on a float32 CPU tensor calls MKL's sgemm, which on the AMD EPYC of
 docs/BENCHMARKS.md runs at the AVX2 peak; oneDNN's linear on a weight reordered once into its
@@ -64,3 +66,18 @@ def prepack_linear_layers_(module: nn.Module) -> int:
                 setattr(parent, name, PrepackedLinear.sharing(child))
                 replaced += 1
     return replaced
+
+
+def quantize_linear_layers_(module: nn.Module) -> int:
+    """Replaces every ``nn.Linear`` inside ``module`` that has more than one output by PyTorch's
+    dynamically quantized linear layer (int8 weights, one scale per output channel; each call's
+    input rounded to 8 bits with its own range; int8 × int8 products summed in int32: the VNNI and
+    AMX instructions' work); returns how many. A one-output layer (RNNsearch's ``v_a``) is a vector
+    the model reads, not a product worth quantizing."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    names = {name: per_channel_dynamic_qconfig for name, child in module.named_modules()
+             if type(child) is nn.Linear and child.out_features > 1}
+    if names:
+        quantize_dynamic(module, names, dtype=torch.qint8, inplace=True)
+    return len(names)
