@@ -11,9 +11,9 @@ from helpers import generate_in_process, parse_generation
 
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.modules import prepacked_linear
+from fairseq_plugins.modules import decoding_linear
 from fairseq_plugins.patches import compiled_decoding
-from fairseq_plugins.modules.prepacked_linear import PrepackedLinear
+from fairseq_plugins.modules.decoding_linear import PrepackedLinear
 
 
 def test_compiled_energies_equal_the_eager_ones_and_serve_decoding_only():
@@ -90,7 +90,7 @@ def test_the_flag_prepacks_every_suite_model_compiles_rnnsearchs_energies_and_wa
 
 
 def test_without_onednn_a_model_with_nothing_to_compile_says_so(generation_models, caplog, monkeypatch):
-    monkeypatch.setattr(prepacked_linear, "prepacking_available", lambda: False)  # an arm64 CPU, say
+    monkeypatch.setattr(decoding_linear, "prepacking_available", lambda: False)  # an arm64 CPU, say
     model = _prepare(generation_models["rnnencdec"], True)
     assert "RNNencdecModel has nothing to prepack (not an x86 CPU, or torch without oneDNN) or compile; it " \
            "decodes as without the flag" in caplog.text

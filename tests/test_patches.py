@@ -115,7 +115,7 @@ assert not any(p.installed for p in patches.PATCHES.values())
 fairseq_own = [(t, vars(t.owner).get(t.name), t.name in vars(t.owner)) for p in patches.PATCHES.values() for t in p.replaces]
 for name in patches.PATCHES:
     patches.install(name)
-changed = sum(vars(t.owner).get(t.name) is not v for t, v, own in fairseq_own)
+changed = sum(vars(t.owner).get(t.name) is not v or (t.name in vars(t.owner)) != own for t, v, own in fairseq_own)
 patches.uninstall_all()
 same = all(vars(t.owner).get(t.name) is v and (t.name in vars(t.owner)) == own for t, v, own in fairseq_own)
 print(changed, len(fairseq_own), same)

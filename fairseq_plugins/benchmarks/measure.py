@@ -29,7 +29,7 @@ from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS, count_scan_ste
 from fairseq_plugins.errors import PluginError
 from fairseq_plugins.hardware import native_bf16
 from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
-from fairseq_plugins.modules.prepacked_linear import PrepackedLinear, prepacking_available
+from fairseq_plugins.modules.decoding_linear import PrepackedLinear, prepacking_available
 
 
 def _synchronize(device: str):

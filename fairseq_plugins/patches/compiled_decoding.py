@@ -4,12 +4,12 @@ linear layers.
 
 fairseq-generate, fairseq-interactive and the hub interface call ``prepare_for_inference_(cfg)``
 on every model before decoding; with the flag, that also replaces a suite model's ``nn.Linear``
-layers by :class:`~fairseq_plugins.modules.prepacked_linear.PrepackedLinear` (same parameters)
+layers by :class:`~fairseq_plugins.modules.decoding_linear.PrepackedLinear` (same parameters)
 and asks its decoder to compile its step
 (:meth:`~fairseq_plugins.modules.beam_cache.BeamCacheDecoder.compile_step`), and logs what it
 did, or one warning for a model it does not know. ``--quantize-decoding int8`` first replaces
 the linear layers by PyTorch's dynamically quantized ones
-(:func:`~fairseq_plugins.modules.prepacked_linear.quantize_linear_layers_`), with one warning on a
+(:func:`~fairseq_plugins.modules.decoding_linear.quantize_linear_layers_`), with one warning on a
 CPU without int8 dot products. fairseq's generator, its search and the
 decoding cache are unchanged. The first run pays the compilation (seconds); torch keeps the code
 in its cache directory (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_$USER``), where
@@ -28,7 +28,7 @@ from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.hardware import INT8_DOT_PRODUCTS, cpu_flags, int8_note
 from fairseq_plugins.modules.beam_cache import BeamCacheDecoder
-from fairseq_plugins.modules.prepacked_linear import prepack_linear_layers_, quantize_linear_layers_
+from fairseq_plugins.modules.decoding_linear import prepack_linear_layers_, quantize_linear_layers_
 from fairseq_plugins.patches._mechanism import Patch, Target, config_options
 
 logger = logging.getLogger(__name__)

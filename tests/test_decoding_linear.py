@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fairseq_plugins.modules.prepacked_linear import (PrepackedLinear, prepack_linear_layers_, prepacking_available,
+from fairseq_plugins.modules.decoding_linear import (PrepackedLinear, prepack_linear_layers_, prepacking_available,
                                                       quantize_linear_layers_)
 
 pytestmark = pytest.mark.skipif(not prepacking_available(), reason="not an x86 CPU, or torch without oneDNN")

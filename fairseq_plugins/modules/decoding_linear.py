@@ -9,6 +9,7 @@ each linear layer once per step on a few hundred rows, so the layout is paid onc
 every step.
 """
 import platform
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -74,10 +75,12 @@ def quantize_linear_layers_(module: nn.Module) -> int:
     input rounded to 8 bits with its own range; int8 × int8 products summed in int32: the VNNI and
     AMX instructions' work); returns how many. A one-output layer (RNNsearch's ``v_a``) is a vector
     the model reads, not a product worth quantizing."""
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    names = [name for name, child in module.named_modules() if type(child) is nn.Linear and child.out_features > 1]
+    with warnings.catch_warnings():  # deprecated for torchao, but the pinned torch's way to fbgemm's int8 kernels
+        warnings.filterwarnings("ignore", message=r"torch\.(ao\.quantization|quantize_per_tensor)")
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    names = {name: per_channel_dynamic_qconfig for name, child in module.named_modules()
-             if type(child) is nn.Linear and child.out_features > 1}
-    if names:
-        quantize_dynamic(module, names, dtype=torch.qint8, inplace=True)
+        if names:
+            quantize_dynamic(module, dict.fromkeys(names, per_channel_dynamic_qconfig), dtype=torch.qint8,
+                             inplace=True)
     return len(names)
