@@ -7,6 +7,7 @@ every measurement gets an equal share of the time left, the first measurement of
 fixes how many updates (or sentences) all later ones of that kind run, so ours and theirs
 always see the same batches.
 """
+import importlib
 import logging
 import multiprocessing
 import os
@@ -163,14 +164,11 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
         settings = {"data": args.data, "subset": "test", "threads": [args.threads or torch.get_num_threads()],
                     "repeats": args.repeats, "beam": args.beam, "max_len": args.max_len or ENGINES_MAX_LEN,
                     "batch_size": args.gen_batch}
+        onnx = [importlib.import_module("fairseq_plugins.benchmarks.onnx").onnx_engines] if args.onnx else []
+        ctranslate2 = ([importlib.import_module("fairseq_plugins.benchmarks.ctranslate2").ctranslate2_engines]
+                       if args.ctranslate2 else [])
         for pair in pairs:
-            exports = []
-            if args.onnx:
-                from fairseq_plugins.benchmarks.onnx import onnx_engines
-                exports.append(onnx_engines)
-            if args.ctranslate2 and pair == "transformer":  # CTranslate2 converts Transformers only
-                from fairseq_plugins.benchmarks.ctranslate2 import ctranslate2_engines
-                exports.append(ctranslate2_engines)
+            exports = onnx + (ctranslate2 if pair == "transformer" else [])  # CTranslate2 converts Transformers only
             convert = pair == "transformer"  # ours decodes the built-in's weights converted, as above
             job = {**base_job, "label": f"{pair}/engines", "pair": pair, "work_dir": work_dir, "convert": convert,
                    "weights": os.path.join(work_dir, f"{pair}-{trained_by[(pair, 'ours')]}.pt"),

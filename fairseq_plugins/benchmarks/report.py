@@ -150,7 +150,8 @@ def format_report(args, preset, precision, machine, table, counts, seconds, engi
             "## Engines (`--onnx`, `--ctranslate2`)",
             "",
             f"The suite's model of each pair (the Transformer: the built-in's weights converted) decoded by "
-            f"fairseq-generate, by fairseq-generate --compile-decoding, and exported to each engine asked for "
+            f"fairseq-generate, with the suite's decoding options (--compile-decoding, alone and with "
+            f"--quantize-decoding int8), and exported to each engine asked for "
             f"(ONNX Runtime: fairseq-plugins-export-onnx; CTranslate2: the Transformer only), on the whole test "
             f"split: beam {args.beam}, lengths 1 to {engine_rows[0]['max_len']}, batches of {args.gen_batch}, "
             f"{args.repeats} repeats interleaved (medians). Targets for rnnsearch at the cpu preset: ONNX Runtime "
