@@ -27,6 +27,9 @@ import numpy as np
 import onnxruntime as ort
 
 CONFIG = "config.json"
+# onnxruntime's graph rewrites left out: its fused SkipLayerNormalization (Add + LayerNormalization)
+# took 7x as long as the two ops on a CPU (onnxruntime 1.32, 128 rows of 256; docs/ONNX.md)
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
 @dataclass
@@ -65,7 +68,8 @@ class Translator:
         options = ort.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = threads
         self.encoder, self.step = (
-            ort.InferenceSession(os.path.join(folder, name), options, providers=["CPUExecutionProvider"])
+            ort.InferenceSession(os.path.join(folder, name), options, providers=["CPUExecutionProvider"],
+                                 disabled_optimizers=DISABLED_OPTIMIZERS)
             for name in ("encoder.onnx", "decoder_step.onnx"))
         self.names = self.config["state"]
         # per-sentence state (encoder outputs) the step reads but does not return: the same in
