@@ -128,7 +128,6 @@ def test_the_step_graph_leaves_out_the_encoders_state_and_vector_matmuls(folders
     assert [0, 1, 3, 2] in transposes and [0, 2, 1] not in transposes
 
 
-
 def test_the_runtime_keeps_add_and_layer_norm_unfused(folders, tmp_path, monkeypatch):
     """The Transformer's step as the Translator's session optimizes it: Add + LayerNormalization
     stay two ops, not onnxruntime's SkipLayerNormalization (7x slower on a CPU, docs/ONNX.md); the
@@ -147,6 +146,7 @@ def test_the_runtime_keeps_add_and_layer_norm_unfused(folders, tmp_path, monkeyp
     ops = [n.op_type for n in onnx.load(str(tmp_path / "decoder_step.onnx")).graph.node]
     assert "LayerNormalization" in ops and "FusedMatMul" in ops
     assert "SkipLayerNormalization" not in ops
+
 
 def test_transposes_of_the_last_axes_keep_the_values_and_only_rewrite_what_they_prove(tmp_path):
     """The pass on small graphs with symbolic shapes, against onnxruntime on the graph before it:
