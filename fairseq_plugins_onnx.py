@@ -61,22 +61,25 @@ def top_k(x: np.ndarray, k: int) -> np.ndarray:
 
 
 class RowBuffers:
-    """Memory reused by the reorders of one translation, one buffer per state tensor: a fresh array
-    per step and tensor (megabytes each for a Transformer's self-attention state) cost a fresh
-    process 15% of its CPU time, mostly the kernel's page faults (docs/ONNX.md#speed)."""
+    """Memory reused by one translation's gathers of state rows (the expansion into beams, every
+    step's reorder, the selection of the sentences that go on), two buffers per state tensor: a
+    fresh array per gather (megabytes each for a Transformer's self-attention state) cost a fresh
+    process 15-20% of its CPU time, mostly the kernel's page faults (docs/ONNX.md#speed)."""
 
     def __init__(self):
-        self._memory: Dict[str, np.ndarray] = {}
+        self._memory: Dict[str, List[Optional[np.ndarray]]] = {}  # name -> its two buffers
 
     def take(self, name: str, tensor: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """``tensor[rows]`` in ``name``'s buffer, valid until the next call for ``name`` (numpy copies
-        ``tensor`` first where it overlaps the buffer)."""
+        """``tensor[rows]`` in one of ``name``'s two buffers, the one ``tensor`` does not use (so a
+        selection from the last result reads memory it does not write); valid until the call after
+        the next for ``name``."""
         shape = (len(rows),) + tensor.shape[1:]
         size = int(np.prod(shape))
-        memory = self._memory.get(name)
-        if memory is None or memory.size < size or memory.dtype != tensor.dtype:
-            memory = self._memory[name] = np.empty(2 * size, tensor.dtype)  # room for later steps
-        out = memory[:size].reshape(shape)
+        buffers = self._memory.setdefault(name, [None, None])
+        i = int(buffers[0] is not None and np.may_share_memory(tensor, buffers[0]))
+        if buffers[i] is None or buffers[i].size < size or buffers[i].dtype != tensor.dtype:
+            buffers[i] = np.empty(2 * size, tensor.dtype)  # room for later steps
+        out = buffers[i][:size].reshape(shape)
         return np.take(tensor, rows, axis=0, out=out, mode="clip")  # valid rows; "raise" would copy first
 
 
@@ -150,7 +153,9 @@ class Translator:
     def _beam_search(self, src: np.ndarray, beam: int, lenpen: float, max_len: int,
                      buffers: RowBuffers) -> List[List[dict]]:
         bsz, src_len = src.shape
-        state = dict(zip(self.names, (np.repeat(s, beam, axis=0) for s in self.encoder.run(None, {"src_tokens": src}))))
+        expand = np.arange(bsz).repeat(beam)  # every sentence's row, once per hypothesis of its beam
+        state = {name: buffers.take(name, s, expand)
+                 for name, s in zip(self.names, self.encoder.run(None, {"src_tokens": src}))}
         tokens = np.full((bsz * beam, max_len + 2), self.pad, dtype=np.int64)
         tokens[:, 0] = self.eos
         scores = np.zeros((bsz * beam, max_len + 1), dtype=np.float32)
@@ -164,7 +169,7 @@ class Translator:
         for step in range(max_len + 1):
             if reorder is not None:
                 state = {name: buffers.take(name, s, reorder) if name in self.carried
-                         else s if kept_rows is None else s[kept_rows]
+                         else s if kept_rows is None else buffers.take(name, s, kept_rows)
                          for name, s in state.items()}
             lprobs, state, step_attn = self._run_step(tokens[:, step:step + 1], state)
             lprobs = np.where(np.isnan(lprobs), -np.inf, lprobs).astype(np.float32)

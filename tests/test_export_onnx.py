@@ -331,7 +331,7 @@ def test_the_state_of_every_step_is_gathered_into_the_same_memory(folders, gener
     assert len(gathered) >= 5 and fresh <= math.log2(len(gathered)) + 1, (fresh, len(gathered))
 
 
-def test_row_buffers_gather_as_indexing_does_and_never_read_what_they_write():
+def test_row_buffers_gather_as_indexing_does_and_never_write_what_they_read():
     buffers = RowBuffers()
     x = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
     first = buffers.take("k", x, np.array([3, 0, 0]))
@@ -339,8 +339,10 @@ def test_row_buffers_gather_as_indexing_does_and_never_read_what_they_write():
     second = buffers.take("k", x + 1, np.array([2, 1]))  # fewer rows: the same memory
     np.testing.assert_array_equal(second, (x + 1)[[2, 1]])
     assert np.shares_memory(first, second)
-    swapped = buffers.take("k", second, np.array([1, 0]))  # its own buffer as the input
+    swapped = buffers.take("k", second, np.array([1, 0]))  # from its last result: into the other buffer
     np.testing.assert_array_equal(swapped, (x + 1)[[1, 2]])
+    assert not np.shares_memory(swapped, second)
+    assert np.shares_memory(buffers.take("k", swapped, np.array([0])), first)  # two buffers a name, no more
     assert buffers.take("v", x, np.array([0])).base is not first.base  # one buffer per name
 
 
