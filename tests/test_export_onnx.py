@@ -343,7 +343,9 @@ def test_row_buffers_gather_as_indexing_does_and_never_write_what_they_read():
     np.testing.assert_array_equal(swapped, (x + 1)[[1, 2]])
     assert not np.shares_memory(swapped, second)
     assert np.shares_memory(buffers.take("k", swapped, np.array([0])), first)  # two buffers a name, no more
-    assert buffers.take("v", x, np.array([0])).base is not first.base  # one buffer per name
+    assert buffers.take("v", x, np.array([0])).base is not first.base  # buffers of their own per name
+    growing = [buffers.take("t", np.zeros((4, t)), np.arange(4)) for t in range(1, 17)]  # a step longer each
+    assert sum(not np.shares_memory(a, b) for a, b in zip(growing, growing[1:])) <= 3  # room to grow: doubling
 
 
 def test_defaults_the_shortest_limit_and_nan_log_probabilities(folders, generated):
