@@ -5,6 +5,7 @@
 #
 #   bash scripts/mutation.sh                      # all nine modules below
 #   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
+#   MUTATION_LINES="63-82 156-173" bash scripts/mutation.sh fairseq_plugins_onnx.py  # those lines only
 #
 # It mutates a throw-away git worktree of HEAD (with MUTATION_UNCOMMITTED=1, plus this checkout's
 # uncommitted changes to tracked files; untracked files are never carried), never this checkout,
@@ -112,6 +113,11 @@ exclude-operators = ["core/ReplaceBinaryOperator_.*_(BitOr|BitAnd|BitXor|LShift|
                      "core/ReplaceComparisonOperator_(Eq|NotEq|Lt|LtE|Gt|GtE)_(Is|IsNot)$",
                      "core/ReplaceUnaryOperator_.*_Invert$"]
 EOF
+    if [ -n "${MUTATION_LINES:-}" ]; then  # e.g. a change's new lines: cosmic-ray skips the others
+        read -r -a spans <<< "$MUTATION_LINES"
+        ranges=$(printf '"%s", ' "${spans[@]}")
+        printf '[cosmic-ray.filters.line-filter]\nlines = { "%s" = [%s] }\n' "$path" "${ranges%, }" >> "$config"
+    fi
     unmutated=$(sha1sum < "$WT/$path")
     session=$OUT/$name.sqlite
     if [ "${MUTATION_RECHECK:-0}" = 1 ]; then  # the last run's survivors and timeouts, against today's tests
@@ -134,7 +140,8 @@ EOF
     if [ "${MUTATION_RESUME:-0}" != 1 ] || [ ! -f "$session" ]; then  # MUTATION_RESUME=1: the mutants not run yet
         rm -f "$session"
         (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" init "$config" "$session" &&
-            "$TOOL_VENV/bin/cr-filter-operators" "$session" "$config")
+            "$TOOL_VENV/bin/cr-filter-operators" "$session" "$config" &&
+            if [ -n "${MUTATION_LINES:-}" ]; then "$TOOL_VENV/bin/cr-filter-lines" --config "$config" "$session"; fi)
     fi
     (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" exec "$config" "$session")
     "$TOOL_VENV/bin/cosmic-ray" dump "$session" | "$PY" "$REPO/scripts/mutation_summary.py" "$module" | tee "$OUT/$name.txt"
