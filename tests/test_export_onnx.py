@@ -344,6 +344,8 @@ def test_row_buffers_gather_as_indexing_does_and_never_write_what_they_read():
     assert not np.shares_memory(swapped, second)
     assert np.shares_memory(buffers.take("k", swapped, np.array([0])), first)  # two buffers a name, no more
     assert buffers.take("v", x, np.array([0])).base is not first.base  # buffers of their own per name
+    ids = buffers.take("k", np.arange(6).reshape(3, 2), np.array([2]))  # another dtype: another buffer
+    assert ids.dtype == np.int64 and ids.tolist() == [[4, 5]]
     growing = [buffers.take("t", np.zeros((4, t)), np.arange(4)) for t in range(1, 17)]  # a step longer each
     assert sum(not np.shares_memory(a, b) for a, b in zip(growing, growing[1:])) <= 3  # room to grow: doubling
 
