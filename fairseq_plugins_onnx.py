@@ -71,8 +71,8 @@ class RowBuffers:
 
     def take(self, name: str, tensor: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``tensor[rows]`` in one of ``name``'s two buffers, the one ``tensor`` does not use (so a
-        selection from the last result reads memory it does not write); valid until the call after
-        the next for ``name``."""
+        selection from the last result reads memory it does not write); valid until the next call
+        for ``name`` that does not read it."""
         shape = (len(rows),) + tensor.shape[1:]
         size = int(np.prod(shape))
         buffers = self._memory.setdefault(name, [None, None])
