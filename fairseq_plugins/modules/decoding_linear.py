@@ -69,16 +69,6 @@ def prepack_linear_layers_(module: nn.Module) -> int:
     return replaced
 
 
-class Int8Linear(torch.ao.nn.quantized.dynamic.Linear):
-    """PyTorch's dynamically quantized linear layer (same weights, state_dict and kernel), whose
-    forward calls fbgemm's kernel directly: the parent's checks of dtype and version cost 4 µs a
-    call, 5% of a 128-row product and 1.6% of the Transformer's int8 decoding
-    (docs/BENCHMARKS.md). Made by :func:`quantize_linear_layers_` (int8 weights, version 4)."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, True)  # reduce_range
-
-
 def quantize_linear_layers_(module: nn.Module) -> int:
     """Replaces every ``nn.Linear`` inside ``module`` that has more than one output by PyTorch's
     dynamically quantized linear layer (int8 weights, one scale per output channel; each call's
@@ -92,5 +82,5 @@ def quantize_linear_layers_(module: nn.Module) -> int:
 
         if names:
             quantize_dynamic(module, dict.fromkeys(names, per_channel_dynamic_qconfig), dtype=torch.qint8,
-                             mapping={nn.Linear: Int8Linear}, inplace=True)
+                             inplace=True)
     return len(names)
