@@ -2,19 +2,15 @@
 
 * :func:`load_state` reads a checkpoint weights-only with one-line errors (see
   :mod:`fairseq_plugins.patches.checkpoint_loading`);
-* :func:`save_state` writes one the way fairseq does, atomically;
-* :func:`atomic_write` is the temporary-name-then-rename write behind every checkpoint file
-  (see :mod:`fairseq_plugins.patches.atomic_checkpoints`);
+* :func:`save_state` writes one the way fairseq does, atomically (through
+  :mod:`fairseq_plugins.patches.atomic_checkpoints`);
 * :func:`is_encoder_fast_path_copy` names the redundant entries fairseq 0.12.2 adds;
 * :func:`last_checkpoints` and :func:`average_states` pick and average checkpoints
   (``fairseq-plugins-average``); :func:`averaging_window` picks them from the end of the
   training a run actually did (the quickstart and the paper-claims driver).
 """
-import contextlib
-import errno
 import os
 import re
-import secrets
 
 from fairseq import checkpoint_utils
 from omegaconf import DictConfig, OmegaConf
@@ -131,70 +127,3 @@ def is_encoder_fast_path_copy(key):
     a converter can drop them. Checkpoints of other fairseq versions have none.
     """
     return re.search(r"(^|\.)encoder\.layers\.\d+\.(in_proj|out_proj|fc1|fc2)_(weight|bias)$", key) is not None
-
-
-def _os_error(error):
-    """The OSError behind ``error``: torch's zip writer re-raises write errors as RuntimeError."""
-    seen = error
-    while seen is not None and not isinstance(seen, OSError):
-        seen = seen.__cause__ or seen.__context__
-    return seen
-
-
-def _failure(path, error):
-    os_error = _os_error(error)
-    if os_error is not None and os_error.errno in errno.errorcode:
-        cause = f"{os_error.strerror} ({errno.errorcode[os_error.errno]})"
-    else:
-        cause = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-    directory = os.path.dirname(os.path.abspath(path))
-    return CheckpointError(f"{path}: checkpoint not saved: {cause}; the checkpoints already in {directory} are "
-                           "intact and no partial file was left; fix the cause (e.g. free disk space) and rerun "
-                           "(training resumes from checkpoint_last.pt)")
-
-
-def _fsync_directory(directory):
-    fd = os.open(directory or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _create_temporary(path):
-    """A new file beside ``path`` under a name no one else holds: ``open(..., "xb")`` is O_CREAT|O_EXCL,
-    which fails on any existing name, a planted symlink included, instead of following it."""
-    for _ in range(100):
-        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-        try:
-            return tmp, open(tmp, "xb")
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"{path}: no free temporary name beside it after 100 tries")
-
-
-@contextlib.contextmanager
-def atomic_write(path):
-    """Yield a binary file; on success it becomes ``path`` in one rename, else ``path`` is untouched.
-
-    The bytes go to a new file of a unique name in ``path``'s folder (so concurrent writers and
-    names planted there are never written through), then ``os.replace`` puts it in place, which
-    replaces a symlink standing at ``path`` rather than writing where it points. A failure
-    (``ENOSPC``, ``EFBIG``, ``EDQUOT``, ...) removes the temporary file and raises
-    :class:`CheckpointError`, one line naming the file and the cause.
-    """
-    tmp = None
-    try:
-        try:
-            tmp, f = _create_temporary(path)
-            with f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except Exception as e:  # the bytes never reached disk whole: report the file, not torch internals
-            raise _failure(path, e) from None
-        _fsync_directory(os.path.dirname(path))
-    finally:
-        if tmp is not None and os.path.lexists(tmp):
-            os.remove(tmp)

@@ -21,9 +21,9 @@ import torch
 from helpers import (TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, first_non_finite_module, needs_native_bf16,
                      num_updates, run)
 
-from fairseq_plugins import checkpoints
-from fairseq_plugins.checkpoints import atomic_write, load_state, save_state
+from fairseq_plugins.checkpoints import load_state, save_state
 from fairseq_plugins.patches import atomic_checkpoints
+from fairseq_plugins.patches.atomic_checkpoints import atomic_write
 from fairseq_plugins.errors import CheckpointError
 from fairseq_plugins.network import free_port
 
@@ -97,7 +97,7 @@ def test_copy_into_full_disk_raises_one_line_and_keeps_previous_file(tmp_path, m
         os.symlink("/dev/full", tmp)
         return tmp, open(tmp, "wb")
 
-    monkeypatch.setattr(checkpoints, "_create_temporary", full_disk_temporary)
+    monkeypatch.setattr(atomic_checkpoints, "_create_temporary", full_disk_temporary)
     with pytest.raises(CheckpointError) as error:
         atomic_checkpoints.AtomicPathManager.copy(str(src), str(dst), overwrite=True)
     message = str(error.value)
@@ -159,7 +159,7 @@ def test_kill_9_in_the_middle_of_a_write_leaves_the_previous_file(tmp_path):
     before = sha256(target)
     child = (
         "import os, signal, sys\n"
-        "from fairseq_plugins.checkpoints import atomic_write\n"
+        "from fairseq_plugins.patches.atomic_checkpoints import atomic_write\n"
         "with atomic_write(sys.argv[1]) as f:\n"
         "    f.write(b'x' * 100000); f.flush()\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -10,7 +10,7 @@ full disk leaves it half-written and ends in a traceback from inside torch's zip
 The patch changes two names inside ``fairseq.checkpoint_utils`` only:
 
 * ``torch_persistent_save``: write ``X.tmp``, flush and fsync it, ``os.replace`` it onto
-  ``X``, fsync the directory (:func:`fairseq_plugins.checkpoints.atomic_write`);
+  ``X``, fsync the directory (:func:`atomic_write`);
 * ``PathManager``: fairseq's class with ``copy`` done the same way, so every extra name of a
   save is renamed into place whole.
 
@@ -20,14 +20,85 @@ the file and the cause, and saying that the previous file of that name is untouc
 Paths served by iopath handlers (``manifold://``, ``s3://``) and asynchronous writes keep
 fairseq's own behaviour.
 """
+import contextlib
+import errno
+import os
+import secrets
 import shutil
 
 import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from fairseq_plugins.checkpoints import atomic_write
+from fairseq_plugins.errors import CheckpointError
 from fairseq_plugins.patches._mechanism import Patch, Target
+
+def _os_error(error):
+    """The OSError behind ``error``: torch's zip writer re-raises write errors as RuntimeError."""
+    seen = error
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__cause__ or seen.__context__
+    return seen
+
+
+def _failure(path, error):
+    os_error = _os_error(error)
+    if os_error is not None and os_error.errno in errno.errorcode:
+        cause = f"{os_error.strerror} ({errno.errorcode[os_error.errno]})"
+    else:
+        cause = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+    directory = os.path.dirname(os.path.abspath(path))
+    return CheckpointError(f"{path}: checkpoint not saved: {cause}; the checkpoints already in {directory} are "
+                           "intact and no partial file was left; fix the cause (e.g. free disk space) and rerun "
+                           "(training resumes from checkpoint_last.pt)")
+
+
+def _fsync_directory(directory):
+    fd = os.open(directory or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _create_temporary(path):
+    """A new file beside ``path`` under a name no one else holds: ``open(..., "xb")`` is O_CREAT|O_EXCL,
+    which fails on any existing name, a planted symlink included, instead of following it."""
+    for _ in range(100):
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+        try:
+            return tmp, open(tmp, "xb")
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path}: no free temporary name beside it after 100 tries")
+
+
+@contextlib.contextmanager
+def atomic_write(path):
+    """Yield a binary file; on success it becomes ``path`` in one rename, else ``path`` is untouched.
+
+    The bytes go to a new file of a unique name in ``path``'s folder (so concurrent writers and
+    names planted there are never written through), then ``os.replace`` puts it in place, which
+    replaces a symlink standing at ``path`` rather than writing where it points. A failure
+    (``ENOSPC``, ``EFBIG``, ``EDQUOT``, ...) removes the temporary file and raises
+    :class:`CheckpointError`, one line naming the file and the cause.
+    """
+    tmp = None
+    try:
+        try:
+            tmp, f = _create_temporary(path)
+            with f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except Exception as e:  # the bytes never reached disk whole: report the file, not torch internals
+            raise _failure(path, e) from None
+        _fsync_directory(os.path.dirname(path))
+    finally:
+        if tmp is not None and os.path.lexists(tmp):
+            os.remove(tmp)
+
 
 SAVE = Target(checkpoint_utils, "torch_persistent_save", "obj, filename, async_write")
 PATH_MANAGER = Target(checkpoint_utils, "PathManager")
