@@ -3,7 +3,7 @@
 # tests that cover it: a small change is put into the code, one at a time, and the tests must fail.
 # Not part of CI: hours on 2 cores (docs/TESTING.md has the last result and every survivor's fate).
 #
-#   bash scripts/mutation.sh                      # all nine modules below
+#   bash scripts/mutation.sh                      # all ten modules below
 #   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
 #   MUTATION_LINES="63-82 156-173" bash scripts/mutation.sh fairseq_plugins_onnx.py  # those lines only
 #
@@ -38,12 +38,14 @@ tests_for() {
         patches/preemption.py) echo "tests/test_patches.py tests/test_cluster.py -k 'preempt or sigterm or signal'" ;;
         modules/beam_cache.py) echo "tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         fairseq_plugins_onnx.py) echo "tests/test_export_onnx.py -k 'not page'" ;;  # the page runs its own JS
+        patches/atomic_checkpoints.py) echo "tests/test_reliability.py tests/test_patches.py -k 'atomic or full_disk or \
+symlinks or concurrent_writes or interrupted_save or kill_9_in_the_middle'" ;;
         *) return 1 ;;
     esac
 }
 ALL=(criterions/label_smoothed_xent.py lr_schedulers/inverse_sqrt_warmup.py patches/finished_run.py
      patches/patience_state.py modules/beam_cache.py patches/divergence.py patches/elastic_resume.py
-     patches/preemption.py fairseq_plugins_onnx.py)
+     patches/preemption.py fairseq_plugins_onnx.py patches/atomic_checkpoints.py)
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=("${ALL[@]}")
 for module in "${modules[@]}"; do
