@@ -3,6 +3,7 @@ numerical faults. Every test drives the real command-line tools (see docs/RELIAB
 """
 import glob
 import hashlib
+import io
 import os
 import random
 import re
@@ -18,6 +19,7 @@ from collections import Counter
 import helpers
 import pytest
 import torch
+from fairseq.file_io import PathManager
 from helpers import (TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, first_non_finite_module, needs_native_bf16,
                      num_updates, run)
 
@@ -149,6 +151,77 @@ def test_interrupted_save_removes_its_temporary_file_and_leaves_target(tmp_path)
             f.write(b"half a checkpoint")
             raise Interrupt
     assert sha256(target) == before and os.listdir(tmp_path) == ["checkpoint_last.pt"]
+
+
+@pytest.mark.parametrize("message, cause", [("first line\nsecond line", "RuntimeError: first line"),
+                                             ("", "RuntimeError: ")])
+def test_a_failure_that_is_no_os_error_is_named_by_its_type_and_first_line(tmp_path, message, cause):
+    target = tmp_path / "checkpoint_last.pt"
+    with pytest.raises(CheckpointError) as error:
+        with atomic_write(str(target)):
+            raise RuntimeError(message)
+    assert str(error.value).startswith(f"{target}: checkpoint not saved: {cause}; the checkpoints already in "
+                                       f"{tmp_path} are intact")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_rename_is_made_durable_by_fsyncing_the_file_then_its_folder(tmp_path, monkeypatch):
+    synced = []
+    fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with atomic_write(str(folder / "checkpoint_last.pt")) as f:
+        f.write(b"last")
+    assert re.fullmatch(re.escape(os.path.realpath(folder / "checkpoint_last.pt")) + r"\.[0-9a-f]+\.tmp", synced[0])
+    assert synced[1:] == [os.path.realpath(folder)]  # the folder holding the new name, not the current one
+    monkeypatch.chdir(folder)
+    with atomic_write("checkpoint_best.pt") as f:  # a bare name: its folder is the current one
+        f.write(b"best")
+    assert synced[-1] == os.path.realpath(folder) and (folder / "checkpoint_best.pt").read_bytes() == b"best"
+
+
+def test_a_taken_temporary_name_is_skipped_and_a_hundred_taken_are_one_line(tmp_path, monkeypatch):
+    target = tmp_path / "checkpoint_last.pt"
+    for taken in ("a", "b"):  # e.g. another writer's, or a planted file
+        (tmp_path / f"checkpoint_last.pt.{taken}.tmp").write_bytes(b"theirs")
+    names = iter(["a", "b", "c"])
+    monkeypatch.setattr(atomic_checkpoints.secrets, "token_hex", lambda nbytes: next(names))
+    with atomic_write(str(target)) as f:
+        f.write(b"new")
+    assert target.read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_last.pt", "checkpoint_last.pt.a.tmp", "checkpoint_last.pt.b.tmp"]
+    tries = []
+    monkeypatch.setattr(atomic_checkpoints.secrets, "token_hex", lambda nbytes: tries.append(nbytes) or "a")
+    with pytest.raises(CheckpointError, match=r"no free temporary name beside it after 100 tries"):
+        with atomic_write(str(target)):
+            pass
+    assert len(tries) == 100 and target.read_bytes() == b"new"
+    assert (tmp_path / "checkpoint_last.pt.a.tmp").read_bytes() == b"theirs"
+
+
+def test_asynchronous_writes_file_objects_and_remote_paths_keep_fairseqs_own_save(tmp_path, monkeypatch):
+    saved, copied = [], []
+    monkeypatch.setattr(atomic_checkpoints, "SAVE", lambda obj, filename, async_write: saved.append(
+        (filename, async_write)))
+    local, handle, remote = str(tmp_path / "checkpoint_last.pt"), io.BytesIO(), "manifold://bucket/checkpoint_last.pt"
+    atomic_checkpoints.torch_persistent_save({}, local, async_write=True)
+    atomic_checkpoints.torch_persistent_save({}, handle)  # fairseq's retry loop passes an open file
+    monkeypatch.setattr(PathManager, "path_requires_pathmanager", staticmethod(lambda path: path.startswith("manifold:")))
+    monkeypatch.setattr(PathManager, "copy", staticmethod(
+        lambda src_path, dst_path, overwrite=False: copied.append((dst_path, overwrite)) or True))
+    atomic_checkpoints.torch_persistent_save({}, remote)
+    assert saved == [(local, True), (handle, False), (remote, False)] and os.listdir(tmp_path) == []
+    atomic_checkpoints.torch_persistent_save({"step": 1}, local)  # local and synchronous: the atomic write
+    assert len(saved) == 3 and torch.load(local) == {"step": 1}
+    atomic_checkpoints.AtomicPathManager.copy(local, remote)
+    atomic_checkpoints.AtomicPathManager.copy(local, remote, overwrite=True)
+    assert copied == [(remote, False), (remote, True)]  # fairseq's signature and default, passed on
 
 
 @pytest.mark.slow
