@@ -155,7 +155,7 @@ def test_interrupted_save_removes_its_temporary_file_and_leaves_target(tmp_path)
 
 @pytest.mark.parametrize("message, cause", [("first line\nsecond line", "RuntimeError: first line"),
                                              ("", "RuntimeError: ")])
-def test_a_failure_that_is_no_os_error_is_named_by_its_type_and_first_line(tmp_path, message, cause):
+def test_atomic_write_names_a_failure_that_is_no_os_error_by_its_type_and_first_line(tmp_path, message, cause):
     target = tmp_path / "checkpoint_last.pt"
     with pytest.raises(CheckpointError) as error:
         with atomic_write(str(target)):
@@ -165,7 +165,7 @@ def test_a_failure_that_is_no_os_error_is_named_by_its_type_and_first_line(tmp_p
     assert os.listdir(tmp_path) == []
 
 
-def test_the_rename_is_made_durable_by_fsyncing_the_file_then_its_folder(tmp_path, monkeypatch):
+def test_atomic_write_makes_the_rename_durable_by_fsyncing_the_file_then_its_folder(tmp_path, monkeypatch):
     synced = []
     fsync = os.fsync
 
@@ -186,7 +186,7 @@ def test_the_rename_is_made_durable_by_fsyncing_the_file_then_its_folder(tmp_pat
     assert synced[-1] == os.path.realpath(folder) and (folder / "checkpoint_best.pt").read_bytes() == b"best"
 
 
-def test_a_taken_temporary_name_is_skipped_and_a_hundred_taken_are_one_line(tmp_path, monkeypatch):
+def test_atomic_write_skips_a_taken_temporary_name_and_a_hundred_taken_are_one_line(tmp_path, monkeypatch):
     target = tmp_path / "checkpoint_last.pt"
     for taken in ("a", "b"):  # e.g. another writer's, or a planted file
         (tmp_path / f"checkpoint_last.pt.{taken}.tmp").write_bytes(b"theirs")
@@ -205,7 +205,7 @@ def test_a_taken_temporary_name_is_skipped_and_a_hundred_taken_are_one_line(tmp_
     assert (tmp_path / "checkpoint_last.pt.a.tmp").read_bytes() == b"theirs"
 
 
-def test_asynchronous_writes_file_objects_and_remote_paths_keep_fairseqs_own_save(tmp_path, monkeypatch):
+def test_atomic_save_leaves_asynchronous_writes_file_objects_and_remote_paths_to_fairseq(tmp_path, monkeypatch):
     saved, copied = [], []
     monkeypatch.setattr(atomic_checkpoints, "SAVE", lambda obj, filename, async_write: saved.append(
         (filename, async_write)))
