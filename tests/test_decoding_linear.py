@@ -3,6 +3,7 @@ int8 layers of ``--quantize-decoding int8`` within int8's rounding of it.
 Oracle: ``F.linear`` on the same tensors, and nn.Linear's gradients for training."""
 import copy
 import pickle
+import platform
 
 import pytest
 import torch
@@ -49,6 +50,36 @@ def test_a_changed_weight_is_packed_again():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
+def test_a_new_weight_below_the_old_one_is_packed_again_and_an_unchanged_one_is_packed_once():
+    layer, x = _layer(), torch.randn(6, 24)
+    memory = torch.randn(2, 40, 24)
+    with torch.no_grad():
+        layer.weight = nn.Parameter(memory[1])
+        layer(x)
+        packed = layer._packed
+        layer(x)
+        assert layer._packed is packed  # the same weight: the copy is made once
+        layer.weight = nn.Parameter(memory[0])  # a new tensor at a lower address, same version and shape
+        assert (layer.weight.data_ptr(), layer.weight._version) < packed[0][:2]
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_prepacking_needs_an_x86_cpu_and_onednn(monkeypatch):
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert not prepacking_available()
+    monkeypatch.setattr(platform, "machine", lambda: "AMD64")
+    assert prepacking_available()
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert not prepacking_available()
+
+
+def test_another_device_runs_nn_linear():
+    layer = _layer().to("meta")
+    with torch.no_grad():
+        assert layer(torch.empty(5, 24, device="meta")).shape == (5, 40)
+    assert layer._packed is None
+
+
 def test_training_and_other_dtypes_run_nn_linear():
     layer, reference = _layer(), nn.Linear(24, 40)
     reference.load_state_dict(layer.state_dict())
@@ -86,12 +117,13 @@ def test_prepacking_a_model_keeps_its_parameters_ties_and_copies():
 
 def test_int8_layers_multiply_in_int8_within_its_rounding_and_leave_vectors_alone():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 96), nn.Tanh(), nn.Linear(96, 1), nn.Linear(1, 32, bias=False))
+    model = nn.Sequential(nn.Linear(64, 96), nn.Tanh(), nn.Linear(96, 1), nn.Linear(1, 32, bias=False),
+                          nn.Linear(32, 2))
     x = torch.randn(20, 64)
     expected = model[0](x).detach()
-    assert quantize_linear_layers_(model) == 2
+    assert quantize_linear_layers_(model) == 3
     assert type(model[2]) is nn.Linear  # a one-output layer: a vector, kept
-    assert all(isinstance(model[i], torch.ao.nn.quantized.dynamic.Linear) for i in (0, 3))
+    assert all(isinstance(model[i], torch.ao.nn.quantized.dynamic.Linear) for i in (0, 3, 4))  # two outputs too
     with torch.no_grad():
         got = model[0](x)
     error = (got - expected).norm() / expected.norm()
