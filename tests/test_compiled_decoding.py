@@ -2,11 +2,13 @@
 compiled by torch.compile decode as the eager model does. Oracles: the eager formula on the same
 tensors, and plain fairseq-generate on the same checkpoint (every hypothesis of --nbest 2, its
 score and positional scores)."""
+import argparse
 import logging
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, options
+from fairseq.dataclass.configs import GenerationConfig
 from helpers import generate_in_process, parse_generation
 
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
@@ -58,11 +60,13 @@ def test_compiled_energies_are_the_float64_formula_at_saturation_and_near_zero()
     assert got[1, 2].isnan().all() and not got[1, :2].isnan().any() and not got[0].isnan().any()
 
 
-def _prepare(path, compile_decoding, quantize=None, half=False):
+def _prepare(path, compile_decoding, quantize=None, half=False, device=None):
     models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([path])
     cfg.generation.compile_decoding, cfg.generation.quantize_decoding = compile_decoding, quantize
     if half:
         models[0].half()
+    if device:
+        models[0].to(device)
     models[0].prepare_for_inference_(cfg)
     return models[0]
 
@@ -131,6 +135,23 @@ def test_int8_decoding_quantizes_the_products_and_refuses_what_it_cannot_run(gen
     with pytest.raises(ConfigError, match=r"^--quantize-decoding int8: int8 decoding runs on a CPU from float32 "
                                           r"weights; add --cpu and leave out --fp16/--bf16$"):
         _prepare(generation_models["rnnsearch"], False, "int8", half=True)
+    with pytest.raises(ConfigError, match=r"^--quantize-decoding int8: int8 decoding runs on a CPU"):
+        _prepare(generation_models["rnnsearch"], False, "int8", device="meta")  # float32, not on the CPU
+
+
+def test_both_flags_are_off_unless_given(generation_models):
+    """Without them fairseq-generate decodes as fairseq does: eager, float32; so does a configuration
+    that has no such options (one made before them, or by hand)."""
+    assert (GenerationConfig().compile_decoding, GenerationConfig().quantize_decoding) == (False, None)
+    parser = options.get_generation_parser(default_task="translation")
+    args, _ = parser.parse_known_args([])
+    assert (args.compile_decoding, args.quantize_decoding) == (False, None)
+    args, _ = parser.parse_known_args(["--compile-decoding", "--quantize-decoding", "int8"])
+    assert (args.compile_decoding, args.quantize_decoding) == (True, "int8")
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([generation_models["rnnsearch"]])
+    models[0].prepare_for_inference_(argparse.Namespace(generation=argparse.Namespace()))
+    assert not any(isinstance(m, PrepackedLinear) for m in models[0].modules())
+    assert models[0].decoder.context.attention.compiled_energies is None
 
 
 @pytest.mark.slow
