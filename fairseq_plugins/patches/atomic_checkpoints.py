@@ -33,6 +33,7 @@ from fairseq.file_io import PathManager
 from fairseq_plugins.errors import CheckpointError
 from fairseq_plugins.patches._mechanism import Patch, Target
 
+
 def _os_error(error):
     """The OSError behind ``error``: torch's zip writer re-raises write errors as RuntimeError."""
     seen = error
