@@ -120,8 +120,9 @@ def test_position_beyond_maximum_is_a_clear_error():
 
 # ---------------------------------------------------------------- attention and layers
 
-def reference_attention(attn, query, key, mask=None, causal=False):
-    """softmax(Q Kᵀ / √d_k) V per head, Concat, W^O — from the module's weights."""
+def reference_attention(attn, query, key, mask=None, causal=False, additive=None, dropout_p=0.0):
+    """softmax(Q Kᵀ / √d_k + additive) V per head, Concat, W^O — from the module's weights; with
+    ``dropout_p``, one F.dropout on the [B, h, T, S] weights (draws as the module's would)."""
     d, h = attn.embed_dim, attn.num_heads
     d_k = d // h
     if attn.encoder_decoder_attention:
@@ -131,18 +132,22 @@ def reference_attention(attn, query, key, mask=None, causal=False):
     else:
         Wq, Wk, Wv = attn.in_proj.weight.split(d)
         bq, bk, bv = attn.in_proj.bias.split(d)
-    heads = []
+    probs, values = [], []
     for i in range(h):
         sl = slice(i * d_k, (i + 1) * d_k)
         Q = query @ Wq[sl].T + bq[sl]
         K = key @ Wk[sl].T + bk[sl]
-        V = key @ Wv[sl].T + bv[sl]
+        values.append(key @ Wv[sl].T + bv[sl])
         scores = Q @ K.transpose(-1, -2) / math.sqrt(d_k)
         if mask is not None:
             scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        if additive is not None:  # [B, 1, T, S]
+            scores = scores + additive[:, 0]
         if causal:
             scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-        heads.append(torch.softmax(scores, -1) @ V)
+        probs.append(torch.softmax(scores, -1))
+    probs = F.dropout(torch.stack(probs, 1), p=dropout_p, training=dropout_p > 0)
+    heads = [probs[:, i] @ values[i] for i in range(h)]
     return torch.cat(heads, -1) @ attn.out_proj.weight.T + attn.out_proj.bias
 
 
@@ -167,6 +172,103 @@ def test_sdpa_and_explicit_attention_equal_the_formula(cross, padded, causal):
         assert weights[1, :, :2].abs().max() == 0  # no weight on padding
     if causal:
         assert weights[:, 0, 1:].abs().max() == 0  # no weight on the future
+
+
+def test_an_additive_mask_is_added_to_the_scores_on_both_paths():
+    """The decoding cache's self-attention mask is additive (0 or -inf); any finite bias adds too."""
+    torch.manual_seed(0)
+    attn = MultiheadAttention(8, 2).eval()
+    query = torch.randn(3, 4, 8)
+    additive = torch.randn(3, 1, 4, 4)
+    additive[0, 0, :, 1] = float("-inf")
+    expected = reference_attention(attn, query, query, additive=additive)
+    with torch.no_grad():
+        fused, _ = attn(query, attn_mask=additive)
+        explicit, weights = attn(query, attn_mask=additive, need_weights=True)
+    assert torch.allclose(fused, expected, atol=TOL) and torch.allclose(explicit, expected, atol=TOL)
+    assert weights[0, :, 1].abs().max() == 0
+
+
+def test_attention_dropout_drops_in_training_and_with_retain_dropout_only():
+    torch.manual_seed(0)
+    query = torch.randn(3, 4, 8)
+    plain = MultiheadAttention(8, 2)  # no dropout unless asked
+    attn = MultiheadAttention(8, 2, dropout=0.5)
+    attn.load_state_dict(plain.state_dict())
+    expected = reference_attention(attn, query, query)
+    with torch.no_grad():
+        for need_weights in (False, True):
+            assert torch.allclose(plain.train()(query, need_weights=need_weights)[0], expected, atol=TOL)
+            assert torch.allclose(attn.eval()(query, need_weights=need_weights)[0], expected, atol=TOL)
+        attn.train()
+        torch.manual_seed(3)
+        explicit, _ = attn(query, need_weights=True)
+        torch.manual_seed(3)
+        assert torch.allclose(explicit, reference_attention(attn, query, query, dropout_p=0.5), atol=TOL)
+        assert not torch.allclose(explicit, expected, atol=1e-3)
+        assert not torch.allclose(attn(query)[0], expected, atol=1e-3)  # the fused kernel drops too
+        attn.eval()
+        attn.dropout_module.apply_during_inference = True  # fairseq's --retain-dropout
+        for need_weights in (False, True):
+            assert not torch.allclose(attn(query, need_weights=need_weights)[0], expected, atol=1e-3)
+
+
+def xavier_bound(gain, fan_in, fan_out):
+    return gain * math.sqrt(6 / (fan_in + fan_out))
+
+
+def assert_xavier_uniform(w, gain, fan_in):
+    """``w`` [fan_out, fan_in] drawn from U(-a, a), a = Xavier's bound: its largest value near a, its
+    standard deviation a/√3 (hundreds of thousands of draws: both within 1-2%)."""
+    bound = xavier_bound(gain, fan_in, w.size(0))
+    assert w.size(1) == fan_in and 0.99 * bound < w.abs().max() <= bound
+    assert abs(w.std() / (bound / math.sqrt(3)) - 1) < 0.02
+
+
+@pytest.mark.parametrize("cross, kdim", [(False, 512), (True, 512), (True, 384)],
+                         ids=["self", "encoder-decoder", "encoder-decoder-other-kdim"])
+def test_projections_start_as_in_fairseq_xavier_per_matrix(cross, kdim):
+    """fairseq's MultiheadAttention initialises W^Q, W^K and W^V each on its own [d, d_in] matrix,
+    with gain 1/√2 where keys have the queries' size (gain 1 otherwise), and W^O with gain 1 and a
+    zero bias; checked on fairseq's module too."""
+    from fairseq.modules import MultiheadAttention as FairseqMultiheadAttention
+    d = 512
+    gain = 2**-0.5 if kdim == d else 1.0
+    torch.manual_seed(0)
+    ours = MultiheadAttention(d, 8, encoder_decoder_attention=cross, kdim=kdim)
+    theirs = FairseqMultiheadAttention(d, 8, kdim=kdim, vdim=kdim, encoder_decoder_attention=cross,
+                                       self_attention=not cross)
+    if cross:
+        w_k, w_v = ours.kv_proj.weight.split(d)
+        projections = [(ours.q_proj.weight, d), (w_k, kdim), (w_v, kdim)]
+    else:
+        projections = [(w, d) for w in ours.in_proj.weight.split(d)]
+    for (w, fan_in), theirs_w in zip(projections, (theirs.q_proj.weight, theirs.k_proj.weight, theirs.v_proj.weight)):
+        assert_xavier_uniform(w.detach(), gain, fan_in)
+        assert_xavier_uniform(theirs_w.detach(), gain, fan_in)
+    for out in (ours.out_proj, theirs.out_proj):
+        assert_xavier_uniform(out.weight.detach(), 1.0, d)
+        assert out.bias.abs().max() == 0
+
+
+def test_heads_must_divide_the_embedding():
+    with pytest.raises(ConfigError, match="embedding dimension 10 is not divisible by the number of attention heads 3"):
+        MultiheadAttention(10, 3)
+
+
+@pytest.mark.parametrize("device, grad, autocast, fused", [
+    ("cpu", True, False, True), ("cpu", False, True, True), ("cpu", True, True, False), ("meta", True, True, True)],
+    ids=["cpu-training", "cpu-autocast-inference", "cpu-autocast-training", "other-device-autocast-training"])
+def test_only_autocast_training_on_a_cpu_takes_the_explicit_attention(monkeypatch, device, grad, autocast, fused):
+    """torch 2.13's fused attention backward in bf16 ran 3-10x slower than the explicit one on a CPU
+    (docs/BENCHMARKS.md); everywhere else, the fused kernel."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    attn = MultiheadAttention(8, 2).to(device)
+    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out, _ = attn(torch.randn(3, 4, 8, device=device))
+    assert out.shape == (3, 4, 8) and len(calls) == int(fused)
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])

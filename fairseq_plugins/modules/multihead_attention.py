@@ -54,9 +54,11 @@ class MultiheadAttention(nn.Module):
             self.in_proj = nn.Linear(embed_dim, 3 * embed_dim)  # [W^Q; W^K; W^V]
             projections = self.in_proj.weight.chunk(3)
         self.out_proj = nn.Linear(embed_dim, embed_dim)  # W^O
-        # fairseq's initialisation: Xavier per projection (gain 1/√2), zero output bias
+        # fairseq's initialisation: Xavier per projection, gain 1/√2 where keys have the queries'
+        # size (1 otherwise); zero output bias
+        gain = 2**-0.5 if (kdim or embed_dim) == embed_dim else 1.0
         for w in projections:
-            nn.init.xavier_uniform_(w, gain=2**-0.5)
+            nn.init.xavier_uniform_(w, gain=gain)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
