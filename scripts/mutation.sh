@@ -126,9 +126,18 @@ EOF
     fi
     unmutated=$(sha1sum < "$WT/$path")
     session=$OUT/$name.sqlite
+    made_from=$OUT/$name.module.sha1  # the file a session's mutants were made from: they apply by occurrence
+    if [ "${MUTATION_RECHECK:-0}" = 1 ] || { [ "${MUTATION_RESUME:-0}" = 1 ] && [ -f "$session" ]; }; then
+        if [ ! -f "$made_from" ]; then
+            echo "warning: $module: no record of the file its last run mutated; taken as unchanged" >&2
+        elif [ "$(cat "$made_from")" != "$unmutated" ]; then
+            echo "error: $module changed since its last run, whose mutants apply by occurrence: run it again" >&2
+            exit 2
+        fi
+    fi
     if [ "${MUTATION_RECHECK:-0}" = 1 ]; then  # the last run's survivors and timeouts, against today's tests
         "$TOOL_VENV/bin/cosmic-ray" dump "$session" | "$PY" "$REPO/scripts/mutation_summary.py" --unkilled |
-        while read -r file operator occurrence line; do  # (the module unchanged since: same occurrences)
+        while read -r file operator occurrence line; do  # the module unchanged since (checked above)
             cp "$WT/$file" "$RUN/unmutated.py"
             status=0
             if (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" apply "$file" "$operator" "$occurrence" >/dev/null 2>&1) &&
@@ -145,6 +154,7 @@ EOF
     fi
     if [ "${MUTATION_RESUME:-0}" != 1 ] || [ ! -f "$session" ]; then  # MUTATION_RESUME=1: the mutants not run yet
         rm -f "$session"
+        echo "$unmutated" > "$made_from"
         (cd "$WT" && "$TOOL_VENV/bin/cosmic-ray" init "$config" "$session" &&
             "$TOOL_VENV/bin/cr-filter-operators" "$session" "$config" &&
             if [ -n "${MUTATION_LINES:-}" ]; then "$TOOL_VENV/bin/cr-filter-lines" --config "$config" "$session"; fi)
