@@ -225,8 +225,8 @@ def assert_xavier_uniform(w, gain, fan_in):
     assert abs(w.std() / (bound / math.sqrt(3)) - 1) < 0.02
 
 
-@pytest.mark.parametrize("cross, kdim", [(False, 512), (True, 512), (True, 384)],
-                         ids=["self", "encoder-decoder", "encoder-decoder-other-kdim"])
+@pytest.mark.parametrize("cross, kdim", [(False, 512), (True, 512), (True, 384), (True, 640)],
+                         ids=["self", "encoder-decoder", "encoder-decoder-smaller-keys", "encoder-decoder-larger-keys"])
 def test_projections_start_as_in_fairseq_xavier_per_matrix(cross, kdim):
     """fairseq's MultiheadAttention initialises W^Q, W^K and W^V each on its own [d, d_in] matrix,
     with gain 1/√2 where keys have the queries' size (gain 1 otherwise), and W^O with gain 1 and a
