@@ -3,7 +3,7 @@
 # tests that cover it: a small change is put into the code, one at a time, and the tests must fail.
 # Not part of CI: hours on 2 cores (docs/TESTING.md has the last result and every survivor's fate).
 #
-#   bash scripts/mutation.sh                      # all thirteen modules below
+#   bash scripts/mutation.sh                      # all fifteen modules below
 #   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
 #   MUTATION_LINES="63-82 156-173" bash scripts/mutation.sh fairseq_plugins_onnx.py  # those lines only
 #
@@ -43,13 +43,16 @@ symlinks or concurrent_writes or interrupted_save or kill_9_in_the_middle'" ;;
         modules/decoding_linear.py) echo "tests/test_decoding_linear.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         patches/compiled_decoding.py) echo "tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         modules/multihead_attention.py) echo "tests/test_transformer.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
+        modules/transformer_layer.py|modules/positional_embedding.py) echo "tests/test_transformer.py \
+tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         *) return 1 ;;
     esac
 }
 ALL=(criterions/label_smoothed_xent.py lr_schedulers/inverse_sqrt_warmup.py patches/finished_run.py
      patches/patience_state.py modules/beam_cache.py patches/divergence.py patches/elastic_resume.py
      patches/preemption.py fairseq_plugins_onnx.py patches/atomic_checkpoints.py modules/decoding_linear.py
-     patches/compiled_decoding.py modules/multihead_attention.py)
+     patches/compiled_decoding.py modules/multihead_attention.py modules/transformer_layer.py
+     modules/positional_embedding.py)
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=("${ALL[@]}")
 for module in "${modules[@]}"; do
