@@ -44,7 +44,7 @@ symlinks or concurrent_writes or interrupted_save or kill_9_in_the_middle'" ;;
         patches/compiled_decoding.py) echo "tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         modules/multihead_attention.py) echo "tests/test_transformer.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         modules/transformer_layer.py|modules/positional_embedding.py) echo "tests/test_transformer.py \
-tests/test_decoding_cache.py tests/test_torch_export.py" ;;
+tests/test_transformer_defaults.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         *) return 1 ;;
     esac
 }

@@ -81,8 +81,9 @@ def log_probs(model, src, prev):
 
 # ---------------------------------------------------------------- positional encodings
 
-def test_paper_positional_encoding_is_the_formula_sin_even_cos_odd():
-    d_model, pad = 6, JOINED.pad()
+@pytest.mark.parametrize("d_model", [6, 7])
+def test_paper_positional_encoding_is_the_formula_sin_even_cos_odd(d_model):
+    pad = JOINED.pad()
     pe = PositionalEncoding(16, d_model, pad, "paper")
     src = tokens(JOINED, [5, 3])  # second sentence left-padded by 2
     out = pe(src)
@@ -104,6 +105,35 @@ def test_fairseq_positional_layout_equals_fairseq_module():
     assert torch.equal(ours(src), theirs(src))
     # one decoding step: the T-th token
     assert torch.equal(ours(src, incremental=True), theirs(src, incremental_state={})[:, -1:])
+
+
+def test_learned_positions_start_as_fairseqs():
+    """fairseq's LearnedPositionalEmbedding: N(0, d^-1/2) rows, the padding row zero."""
+    from fairseq.modules import PositionalEmbedding
+    d, pad = 512, JOINED.pad()
+    torch.manual_seed(0)
+    for weight in (PositionalEncoding(1000, d, pad, "learned").weight,
+                   PositionalEmbedding(1000, d, pad, learned=True).weight):
+        rows = torch.cat([weight[:pad], weight[pad + 1:]]).detach()
+        assert weight[pad].abs().max() == 0
+        assert rows.std().item() == pytest.approx(d**-0.5, rel=0.01) and abs(rows.mean().item()) < 1e-3
+
+
+def test_only_learned_positions_are_saved():
+    """The sinusoids are computed, not learned: no checkpoint entry (fairseq's layout neither)."""
+    saved = {kind: list(PositionalEncoding(8, 4, JOINED.pad(), kind).state_dict())
+             for kind in ("paper", "fairseq", "learned")}
+    assert saved == {"paper": [], "fairseq": [], "learned": ["weight"]}
+
+
+def test_a_batch_padded_beyond_the_limit_is_fine_while_its_sentences_are_within_it():
+    """Padding to a multiple (fairseq's --required-seq-len-multiple) can make a batch longer than
+    its longest sentence: the limit is on sentences."""
+    pe = PositionalEncoding(4, 8, JOINED.pad(), "paper")
+    src = tokens(JOINED, [4, 2])
+    padded = torch.cat([torch.full((2, 2), JOINED.pad()), src], dim=1)  # 6 columns, sentences of 4 and 2
+    out = pe(padded)
+    assert torch.equal(out[:, 2:], pe(src)) and out[:, :2].abs().max() == 0
 
 
 def test_position_beyond_maximum_is_a_clear_error():
@@ -301,6 +331,19 @@ def test_decoder_layer_masks_future_and_attends_encoder():
     with torch.no_grad():
         out, _ = layer(x, enc, None)
     assert torch.allclose(out, layer.final_layer_norm(z + ffn), atol=TOL)
+
+
+def test_layers_default_to_the_papers_regularisation_and_post_ln():
+    """§5.4: P_drop = 0.1 on every sub-layer's output, nothing said of dropout elsewhere (none);
+    §3.1: LayerNorm(x + Sublayer(x)); attention weights only when asked."""
+    encoder, decoder = TransformerEncoderLayer(8, 16, 2), TransformerDecoderLayer(8, 16, 2)
+    for layer in (encoder, decoder):
+        assert layer.dropout_module.p == 0.1 and layer.activation_dropout_module.p == 0.0
+        assert layer.self_attn.dropout_module.p == 0.0 and not layer.normalize_before
+    assert decoder.encoder_attn.dropout_module.p == 0.0
+    with torch.no_grad():
+        _, attn = decoder.eval()(torch.randn(2, 4, 8), torch.randn(2, 6, 8), None)
+    assert attn is None
 
 
 def test_embeddings_scaled_by_sqrt_d_model_plus_sinusoids():
