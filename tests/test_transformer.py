@@ -130,10 +130,11 @@ def test_a_batch_padded_beyond_the_limit_is_fine_while_its_sentences_are_within_
     """Padding to a multiple (fairseq's --required-seq-len-multiple) can make a batch longer than
     its longest sentence: the limit is on sentences."""
     pe = PositionalEncoding(4, 8, JOINED.pad(), "paper")
-    src = tokens(JOINED, [4, 2])
-    padded = torch.cat([torch.full((2, 2), JOINED.pad()), src], dim=1)  # 6 columns, sentences of 4 and 2
-    out = pe(padded)
-    assert torch.equal(out[:, 2:], pe(src)) and out[:, :2].abs().max() == 0
+    for lengths in ([4, 2], [3, 2]):  # the longest at the limit, and under it
+        src = tokens(JOINED, lengths)
+        padded = torch.cat([torch.full((2, 6 - src.size(1)), JOINED.pad()), src], dim=1)  # 6 columns
+        out = pe(padded)
+        assert torch.equal(out[:, -src.size(1):], pe(src)) and out[:, :-src.size(1)].abs().max() == 0
 
 
 def test_position_beyond_maximum_is_a_clear_error():
