@@ -244,14 +244,10 @@ def test_attention_dropout_drops_in_training_and_with_retain_dropout_only():
             assert not torch.allclose(attn(query, need_weights=need_weights)[0], expected, atol=1e-3)
 
 
-def xavier_bound(gain, fan_in, fan_out):
-    return gain * math.sqrt(6 / (fan_in + fan_out))
-
-
 def assert_xavier_uniform(w, gain, fan_in):
     """``w`` [fan_out, fan_in] drawn from U(-a, a), a = Xavier's bound: its largest value near a, its
     standard deviation a/√3 (hundreds of thousands of draws: both within 1-2%)."""
-    bound = xavier_bound(gain, fan_in, w.size(0))
+    bound = gain * math.sqrt(6 / (fan_in + w.size(0)))  # Xavier: gain·√(6 / (fan_in + fan_out))
     assert w.size(1) == fan_in and 0.99 * bound < w.abs().max() <= bound
     assert abs(w.std() / (bound / math.sqrt(3)) - 1) < 0.02
 

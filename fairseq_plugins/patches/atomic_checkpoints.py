@@ -9,8 +9,8 @@ full disk leaves it half-written and ends in a traceback from inside torch's zip
 
 The patch changes two names inside ``fairseq.checkpoint_utils`` only:
 
-* ``torch_persistent_save``: write ``X.tmp``, flush and fsync it, ``os.replace`` it onto
-  ``X``, fsync the directory (:func:`atomic_write`);
+* ``torch_persistent_save``: write a new file of a unique name beside ``X`` (``X.<random>.tmp``),
+  flush and fsync it, ``os.replace`` it onto ``X``, fsync the directory (:func:`atomic_write`);
 * ``PathManager``: fairseq's class with ``copy`` done the same way, so every extra name of a
   save is renamed into place whole.
 
