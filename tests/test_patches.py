@@ -472,6 +472,14 @@ def test_checkpoint_loading(tmp_path):
         assert not isinstance(fairseq_error.value, CheckpointError)
     with pytest.raises(CheckpointError, match=rf"^{re.escape(str(path))}: not a readable checkpoint"):
         checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    # a torch file that is no fairseq checkpoint (a bare state_dict()): fairseq's upgrade raises a KeyError
+    state_dict = tmp_path / "state_dict.pt"
+    torch.save({"encoder.w": torch.ones(2)}, state_dict)
+    with out("checkpoint_loading"):
+        with pytest.raises(KeyError):
+            checkpoint_utils.load_checkpoint_to_cpu(str(state_dict))
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(state_dict))}: not a fairseq checkpoint \(no 'model'"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(state_dict))
 
 
 def test_the_weights_only_window_keeps_other_loads_and_later_wrappers(tmp_path):

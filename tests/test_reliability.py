@@ -22,6 +22,7 @@ import torch
 from fairseq.file_io import PathManager
 from helpers import (TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, first_non_finite_module, needs_native_bf16,
                      num_updates, run)
+from omegaconf import OmegaConf
 
 from fairseq_plugins.checkpoints import load_state, save_state
 from fairseq_plugins.patches import atomic_checkpoints
@@ -476,6 +477,10 @@ def bad_checkpoints(tmp_path_factory, data_bin, short_run):
         (root / f"{name}.pt").write_bytes(content)
     torch.save({"model": RunsCode(marker)}, root / "hostile_zip.pt")
     torch.save({"model": RunsCode(marker)}, root / "hostile_legacy.pt", _use_new_zipfile_serialization=False)
+    good_state = load_state(good)
+    torch.save(good_state["model"], root / "state_dict.pt")  # what model.state_dict() gives
+    torch.save({"model": good_state["model"], "cfg": OmegaConf.to_container(good_state["cfg"])},
+               root / "stripped.pt")  # its weights and configuration only
     other = str(root / "other")
     run(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "lstm", "--encoder-embed-dim", "16",
          "--encoder-hidden-size", "16", "--decoder-embed-dim", "16", "--decoder-hidden-size", "16",
@@ -483,7 +488,8 @@ def bad_checkpoints(tmp_path_factory, data_bin, short_run):
          "--max-update", "1", "--save-dir", other, "--cpu", "--disable-validation", "--no-epoch-checkpoints",
          "--num-workers", "0"], env=ONE_THREAD)
     return {"good": good, "marker": marker, "other_arch": os.path.join(other, "checkpoint_last.pt"),
-            **{name: str(root / f"{name}.pt") for name in ["truncated", "text", "hostile_zip", "hostile_legacy"]}}
+            **{name: str(root / f"{name}.pt") for name in ["truncated", "text", "hostile_zip", "hostile_legacy",
+                                                           "state_dict", "stripped"]}}
 
 
 REFUSALS = {
@@ -491,6 +497,9 @@ REFUSALS = {
     "text": r"not a readable checkpoint, truncated or not a torch file",
     "hostile_zip": r"refused to load: it needs posix\.system.*could run code",
     "hostile_legacy": r"refused to load: it needs posix\.system.*could run code",
+    # torch files, not fairseq checkpoints: fairseq itself ends in a KeyError's traceback
+    "state_dict": r"not a fairseq checkpoint \(no 'model' entry\)",
+    "stripped": r"not a complete fairseq checkpoint \(fairseq's loader found no 'best_loss' entry\)",
 }
 
 
@@ -520,7 +529,7 @@ def test_generate_average_convert_refuse_bad_checkpoints_without_running_code(ki
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["hostile_zip", "hostile_legacy", "truncated"])
+@pytest.mark.parametrize("kind", ["hostile_zip", "hostile_legacy", "truncated", "stripped"])
 def test_train_refuses_to_resume_from_a_bad_checkpoint_last_and_changes_nothing(kind, bad_checkpoints, data_bin,
                                                                                 tmp_path):
     """fairseq-train (its main, in this process) resuming from a checkpoint_last.pt that would run code

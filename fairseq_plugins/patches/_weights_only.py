@@ -14,14 +14,18 @@ from fairseq_plugins.patches._mechanism import Target
 TORCH_LOAD = Target(torch, "load")
 
 
-def weights_only_torch_load(refuse):
-    """Inside: this thread's ``torch.load`` is weights-only; a failure becomes ``refuse(f, error)``."""
+def weights_only_torch_load(refuse, check=None):
+    """Inside: this thread's ``torch.load`` is weights-only; a failure becomes ``refuse(f, error)``;
+    ``check(f, obj)``, if given, sees what was loaded before the caller does (and may raise)."""
     def load(f, *args, **kwargs):
         kwargs["weights_only"] = True
         try:
-            return TORCH_LOAD(f, *args, **kwargs)
+            obj = TORCH_LOAD(f, *args, **kwargs)
         except Exception as e:  # whatever the bytes make torch raise, the file is the cause
             raise refuse(f, e) from None
+        if check is not None:
+            check(f, obj)
+        return obj
     return TORCH_LOAD.replaced(load)
 
 

@@ -10,7 +10,9 @@ torch >= 2.6 loads with ``weights_only=True`` by default, and fairseq's
 * makes fairseq's loaders (``load_checkpoint_to_cpu``, ``load_ema_from_checkpoint``) use ``weights_only=True`` on older torch too (2.4, 2.5), where
   the default would still unpickle arbitrary code;
 * turns a refused, truncated or foreign file into :class:`CheckpointError`, a one-line
-  message naming the file, which fairseq's command-line tools print without a traceback.
+  message naming the file, which fairseq's command-line tools print without a traceback; so
+  also a torch file that is not a fairseq checkpoint (a bare ``state_dict()``, a checkpoint
+  stripped of the entries fairseq's loader reads), where fairseq ends in a KeyError's traceback.
 """
 import argparse
 import re
@@ -59,10 +61,23 @@ def _refused(f, error):
     return CheckpointError(_refusal(getattr(f, "name", f), error))
 
 
+def _fairseq_checkpoint(f, state):
+    """What every reader of a fairseq checkpoint takes for granted: a dict with the model's weights."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{getattr(f, 'name', f)}: not a fairseq checkpoint (a {type(state).__name__}, "
+                              "not a dict of entries)")
+    if "model" not in state:
+        raise CheckpointError(f"{getattr(f, 'name', f)}: not a fairseq checkpoint (no 'model' entry)")
+
+
 def load_checkpoint_to_cpu(path, *args, **kwargs):
     """fairseq's loader, weights-only on every torch version, with one-line errors."""
-    with weights_only_torch_load(_refused):
-        return LOAD(path, *args, **kwargs)
+    with weights_only_torch_load(_refused, check=_fairseq_checkpoint):
+        try:
+            return LOAD(path, *args, **kwargs)
+        except KeyError as missing:  # fairseq's upgrade of older layouts indexes entries this file lacks
+            raise CheckpointError(f"{path}: not a complete fairseq checkpoint (fairseq's loader found no "
+                                  f"{missing} entry)") from None
 
 
 def load_ema_from_checkpoint(path):
