@@ -6,6 +6,7 @@ import zipfile
 
 import pytest
 import torch
+from fairseq.dataclass.constants import DDP_BACKEND_CHOICES
 from omegaconf import OmegaConf
 
 from fairseq_plugins.checkpoints import (EPOCH_PATTERN, UPDATE_PATTERN, average_states, averaging_window,
@@ -78,6 +79,7 @@ def test_checkpoint_paths_takes_files_or_the_last_n_of_one_directory(tmp_path):
     (["{d}/checkpoint1.pt"], {"num_epoch_checkpoints": 1},
      "{d}/checkpoint1.pt: --num-*-checkpoints needs exactly one checkpoint directory"),
     (["{d}", "{d}"], {"num_epoch_checkpoints": 1}, "{d} {d}: --num-*-checkpoints needs exactly one checkpoint directory"),
+    ([], {"num_epoch_checkpoints": 1}, ": --num-*-checkpoints needs exactly one checkpoint directory"),
 ])
 def test_checkpoint_paths_refuses_in_one_line(tmp_path, inputs, counts, message):
     d = touch(tmp_path, "checkpoint1.pt")
@@ -168,12 +170,15 @@ def test_load_state_refuses_what_is_not_a_fairseq_checkpoint_in_one_line(tmp_pat
 
 def test_save_state_stores_the_config_as_plain_containers(tmp_path):
     path = str(tmp_path / "saved.pt")
-    cfg = OmegaConf.create({"model": {"arch": "vaswani_transformer", "dropout": 0.1}, "lr": [5e-4]})
+    # fairseq's configs hold enums (--ddp-backend) and interpolations: stored as their values
+    cfg = OmegaConf.create({"model": {"arch": "vaswani_transformer", "dropout": 0.1}, "lr": [5e-4],
+                            "ddp_backend": DDP_BACKEND_CHOICES("c10d"), "checkpoint": {"lr": "${lr}"}})
     state = {"model": {"w": torch.ones(2)}, "cfg": cfg}
     save_state(state, path)
     assert state["cfg"] is cfg  # the caller's state is not changed
-    raw = torch.load(path, weights_only=True)  # plain containers: no omegaconf class in the pickle
-    assert raw["cfg"] == {"model": {"arch": "vaswani_transformer", "dropout": 0.1}, "lr": [5e-4]}
+    raw = torch.load(path, weights_only=True)  # plain containers: no omegaconf class or enum in the pickle
+    assert raw["cfg"] == {"model": {"arch": "vaswani_transformer", "dropout": 0.1}, "lr": [5e-4],
+                          "ddp_backend": "c10d", "checkpoint": {"lr": [5e-4]}}
     assert type(raw["cfg"]) is dict and torch.equal(raw["model"]["w"], torch.ones(2))
     save_state({"model": {}, "cfg": {"plain": 1}}, path)
     assert torch.load(path, weights_only=True)["cfg"] == {"plain": 1}
