@@ -201,3 +201,25 @@ def test_save_state_stores_the_config_as_plain_containers(tmp_path):
 ])
 def test_encoder_fast_path_copies_are_exactly_those_names(key, dropped):
     assert is_encoder_fast_path_copy(key) is dropped
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"model = transformer\nnot a checkpoint\n", "(pickle instruction 109 is refused by the weights-only loader)"),
+    (b"", "(EOFError: EOFError)"),  # torch's error has no text: its type stands for it
+    (b"\x80\x02}q\x00.", "(RuntimeError: Invalid magic number; corrupt file?)"),  # a pickle, not torch's format
+])
+def test_an_unreadable_file_is_refused_with_torchs_reason_in_one_line(tmp_path, content, reason):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError) as error:
+        load_state(str(path))
+    assert str(error.value) == f"{path}: not a readable checkpoint, truncated or not a torch file {reason}"
+
+
+def test_the_reason_is_the_first_line_after_torchs_preamble():
+    from fairseq_plugins.patches.checkpoint_loading import _refusal
+
+    error = RuntimeError("Weights only load failed. In PyTorch 2.6 ...\n\nWeightsUnpickler error: Bad state\n"
+                         "  in field x\n\nCheck the documentation of torch.load to learn more")
+    assert _refusal("x.pt", error) == ("x.pt: not a readable checkpoint, truncated or not a torch file "
+                                       "(RuntimeError: WeightsUnpickler error: Bad state)")
