@@ -35,8 +35,8 @@ def serve(backend, scenario, max_batch_tokens=1000, max_delay_ms=50.0, workers=1
     async def main():
         batcher = Batcher(backend, max_batch_tokens, max_delay_ms, workers)
         await batcher.start()
-        try:
-            return await scenario(batcher), batcher
+        try:  # a batcher that lost a sentence would leave its caller waiting forever
+            return await asyncio.wait_for(scenario(batcher), 20), batcher
         finally:
             await batcher.stop()
     return asyncio.run(main())
