@@ -236,3 +236,12 @@ def test_a_request_cancelled_in_a_running_batch_leaves_the_others_their_answers(
     assert was_cancelled and backend.batches == [(["a", "b", "c"], Options())]
     assert answer(kept[0]) == "c #0"
     assert batcher.stats.sentences == 3 and batcher.stats.failed_batches == 0
+
+
+def test_a_batcher_that_decoded_nothing_reports_zeros():
+    async def scenario(batcher):
+        return batcher.stats.as_dict(), batcher.waiting
+
+    (stats, waiting), _ = serve(Recorder(), scenario)
+    assert stats == {"batches": 0, "sentences": 0, "largest_batch": 0, "batches_of_several": 0,
+                     "failed_batches": 0} and waiting == 0
