@@ -20,6 +20,7 @@ What is not fairseq's normal GPU path, and why (``fairseq-train --fp16 --cpu`` s
   the skipped step, the scale changes and the "Minimum loss scale reached" error are fairseq's.
 """
 import logging
+import os
 
 import pytest
 import torch
@@ -221,3 +222,114 @@ def test_fp16_persistent_overflow_ends_with_minimum_loss_scale_reached(data_bin,
     assert scaler.loss_scale == 1.0  # fairseq keeps the last scale above the minimum
     assert same(snapshot(trainer), start) and trainer.get_num_updates() == 0
     assert (tmp_path / "crash.pt").exists()
+
+
+# ------------------------------------------------------------------ the detector's and the report's details
+
+
+class Scale(torch.nn.Module):
+    """A module with no submodule whose output is a dict: only the dict's own tensor can be hooked."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(4))
+
+    def forward(self, x):
+        return {"encoder_out": [x * self.weight]}
+
+
+class Pair(torch.nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+
+def test_the_gradient_of_a_tensor_only_a_dict_output_holds_is_checked():
+    model = torch.nn.Module()
+    model.encoder = Scale()
+    with numerical_faults.NanDetector(model) as detector:
+        torch.sqrt(model.encoder(torch.ones(2, 4))["encoder_out"][0]).sum().backward()  # d sqrt(h)/dh at 0
+    assert detector.diagnosis.backward == "Inf in the gradient of the output of encoder (shape 2x4)"
+
+
+def test_a_non_finite_value_made_outside_any_module_is_said_to_be_in_the_input():
+    model = torch.nn.Module()
+    model.pair = Pair()
+    a = torch.tensor([float("nan"), 1.0])
+    b = torch.tensor([1.0, float("inf")])
+    with numerical_faults.NanDetector(model, backward=False) as detector:
+        model.pair(a, b)
+    assert detector.diagnosis.forward == "NaN in the forward output of pair (shape 2), whose input already held NaN"
+    model = torch.nn.Module()
+    model.pair = Pair()
+    with numerical_faults.NanDetector(model, backward=False) as detector:
+        model.pair(torch.tensor([3e38, 1.0]), torch.tensor([3e38, 1.0]))  # finite inputs: the module made the Inf
+    assert detector.diagnosis.forward == "Inf in the forward output of pair (shape 2)"
+
+
+@pytest.mark.parametrize("bad, listed", [(7, "p0, p1, p2, p3, p4 and 2 more"), (5, "p0, p1, p2, p3, p4"),
+                                         (2, "p0, p1")])
+def test_the_log_lists_five_parameters_with_non_finite_gradients_and_counts_the_rest(caplog, bad, listed):
+    model = torch.nn.Module()
+    for i in range(8):
+        model.register_parameter(f"p{i}", torch.nn.Parameter(torch.ones(1)))
+    with caplog.at_level(logging.INFO, logger=numerical_faults.__name__):
+        with numerical_faults.NanDetector(model):
+            for i, p in enumerate(model.parameters()):
+                p.grad = torch.full((1,), float("inf") if i < bad else 1.0)
+    assert f"non-finite gradients in {bad} of 8 parameters: {listed}\n" in caplog.text + "\n"
+
+
+def test_an_interrupt_during_the_rerun_is_not_swallowed():
+    with pytest.raises(KeyboardInterrupt):
+        with numerical_faults.NanDetector(TinyModel()):
+            raise KeyboardInterrupt
+
+
+def test_train_step_keeps_fairseqs_signature():
+    import inspect
+
+    assert inspect.signature(numerical_faults.train_step) == inspect.signature(numerical_faults.TRAIN_STEP.original)
+
+
+@pytest.fixture
+def trainer(data_bin, tmp_path):
+    cfg, task, sample = training_setup(data_bin, tmp_path / "save", "vaswani_transformer_tiny")
+    (tmp_path / "save").mkdir()
+    model = task.build_model(cfg.model)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.consolidate_optimizer()  # what fairseq's checkpoint_utils.save_checkpoint calls first
+    return trainer, sample
+
+
+def test_a_checkpoint_of_non_finite_parameters_is_refused_but_crash_pt_is_written(trainer):
+    trainer, _ = trainer
+    save = trainer.cfg.checkpoint.save_dir
+    last, crash = f"{save}/checkpoint_last.pt", f"{save}/crash.pt"
+    weight = dict(trainer.model.named_parameters())["encoder.embed_tokens.weight"]
+    total = len(list(trainer.model.parameters()))
+    trainer.save_checkpoint(last, {})  # finite: written
+    with torch.no_grad():
+        weight[0, 0] = float("inf")
+    with pytest.raises(NumericalError) as refused:
+        trainer.save_checkpoint(f"{save}/checkpoint_1_1.pt", {})
+    assert str(refused.value) == (
+        f"update 0: the parameters hold NaN/Inf after its optimizer step (1 of {total} parameters, the first Inf "
+        f"in encoder.embed_tokens.weight); {save}/checkpoint_1_1.pt was not written and {last} (update 0) is "
+        "unchanged; lower --lr")
+    trainer.save_checkpoint(crash, {})  # the state before a failed update, whatever it holds
+    assert torch.isinf(torch.load(crash, weights_only=False)["model"]["encoder.embed_tokens.weight"][0, 0])
+    os.remove(last)
+    with pytest.raises(NumericalError, match=r"was not written and no checkpoint_last\.pt had been saved; lower"):
+        trainer.save_checkpoint(last, {})
+
+
+def test_the_report_names_the_cause_the_sentences_and_the_batches(trainer):
+    trainer, _ = trainer
+    error = FloatingPointError("gradients are Nan/Inf.\nsecond line")
+    ids = lambda *batches: [{"id": torch.tensor(b)} for b in batches]  # noqa: E731
+    report = lambda samples: numerical_faults._update_report(  # noqa: E731
+        trainer, samples, error, numerical_faults._Diagnosis(trainer))
+    assert report(ids([4, 2])).startswith(
+        "update 1: gradients are Nan/Inf; sentence ids of 'train': [2, 4] (2 sentences in 1 batch); this update")
+    assert "sentence ids of 'train': [1, 2, 4] (3 sentences in 2 batches);" in report(ids([4, 2], [1]))
+    assert "sentence ids of 'train': [] (0 sentences in 0 batches);" in report([{}])
