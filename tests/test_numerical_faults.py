@@ -333,3 +333,27 @@ def test_the_report_names_the_cause_the_sentences_and_the_batches(trainer):
         "update 1: gradients are Nan/Inf; sentence ids of 'train': [2, 4] (2 sentences in 1 batch); this update")
     assert "sentence ids of 'train': [1, 2, 4] (3 sentences in 2 batches);" in report(ids([4, 2], [1]))
     assert "sentence ids of 'train': [] (0 sentences in 0 batches);" in report([{}])
+    assert "sentence ids of 'train': [3] (1 sentences in 1 batch);" in report([{"ntokens": 0}, {"id": torch.tensor([3])}])
+
+
+def test_an_update_leaves_no_diagnosis_behind(trainer):
+    trainer, sample = trainer
+    trainer.train_step([sample])
+    assert numerical_faults.DIAGNOSIS not in vars(trainer.get_model())
+
+
+def test_the_last_checkpoints_update_is_its_last_history_entry(tmp_path):
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save({"optimizer_history": [{"num_updates": n} for n in (2, 5, 9)]}, path)  # resumed twice
+    assert numerical_faults._checkpoint_update(str(path)) == 9
+    path.write_bytes(b"not a checkpoint")
+    assert numerical_faults._checkpoint_update(str(path)) is None
+
+
+def test_a_finding_only_in_parameter_gradients_names_the_first():
+    diagnosis = numerical_faults._Diagnosis(None)
+    assert numerical_faults._finding(diagnosis) is None  # no re-run: nothing to say
+    diagnosis.rerun, diagnosis.bad_gradients = True, ["encoder.w", "decoder.w"]
+    diagnosis.failure = "RuntimeError: broke"
+    assert numerical_faults._finding(diagnosis) == ("in no module output or output gradient, but in the gradients of 2 "
+                                                    "parameters, the first encoder.w (the re-run failed: RuntimeError: broke)")
