@@ -269,11 +269,11 @@ def test_a_non_finite_value_made_outside_any_module_is_said_to_be_in_the_input()
     assert detector.diagnosis.forward == "Inf in the forward output of pair (shape 2)"
 
 
-@pytest.mark.parametrize("bad, listed", [(7, "p0, p1, p2, p3, p4 and 2 more"), (5, "p0, p1, p2, p3, p4"),
-                                         (2, "p0, p1"), (0, None)])
+@pytest.mark.parametrize("bad, listed", [(11, "p0, p1, p2, p3, p4 and 6 more"), (7, "p0, p1, p2, p3, p4 and 2 more"),
+                                         (5, "p0, p1, p2, p3, p4"), (2, "p0, p1"), (0, None)])
 def test_the_log_lists_five_parameters_with_non_finite_gradients_and_counts_the_rest(caplog, bad, listed):
     model = torch.nn.Module()
-    for i in range(8):
+    for i in range(12):
         model.register_parameter(f"p{i}", torch.nn.Parameter(torch.ones(1)))
     with caplog.at_level(logging.INFO, logger=numerical_faults.__name__):
         with numerical_faults.NanDetector(model):
@@ -282,7 +282,7 @@ def test_the_log_lists_five_parameters_with_non_finite_gradients_and_counts_the_
     if listed is None:
         assert "non-finite gradients" not in caplog.text
     else:
-        assert f"non-finite gradients in {bad} of 8 parameters: {listed}\n" in caplog.text + "\n"
+        assert f"non-finite gradients in {bad} of 12 parameters: {listed}\n" in caplog.text + "\n"
 
 
 def test_an_interrupt_during_the_rerun_is_not_swallowed():
@@ -330,7 +330,7 @@ def test_a_checkpoint_of_non_finite_parameters_is_refused_but_crash_pt_is_writte
         trainer.save_checkpoint(last, {})
 
 
-def test_the_report_names_the_cause_the_sentences_and_the_batches(trainer):
+def test_the_report_names_the_cause_the_sentences_and_the_batches(trainer, monkeypatch):
     trainer, _ = trainer
     error = FloatingPointError("gradients are Nan/Inf.\nsecond line")
     ids = lambda *batches: [{"id": torch.tensor(b)} for b in batches]  # noqa: E731
@@ -341,6 +341,9 @@ def test_the_report_names_the_cause_the_sentences_and_the_batches(trainer):
     assert "sentence ids of 'train': [1, 2, 4] (3 sentences in 2 batches);" in report(ids([4, 2], [1]))
     assert "sentence ids of 'train': [] (0 sentences in 0 batches);" in report([{}])
     assert "sentence ids of 'train': [3] (1 sentences in 1 batch);" in report([{"ntokens": 0}, {"id": torch.tensor([3])}])
+    monkeypatch.setattr(Trainer, "data_parallel_world_size", property(lambda self: 2))
+    monkeypatch.setattr(Trainer, "data_parallel_rank", property(lambda self: 1))
+    assert "sentence ids of 'train', on rank 1 of 2: [2, 4] (2 sentences in 1 batch);" in report(ids([4, 2]))
 
 
 def test_an_update_leaves_no_diagnosis_behind(trainer):
