@@ -358,6 +358,20 @@ def test_the_last_checkpoints_update_is_its_last_history_entry(tmp_path):
     assert numerical_faults._checkpoint_update(str(path)) == 9
     path.write_bytes(b"not a checkpoint")
     assert numerical_faults._checkpoint_update(str(path)) is None
+    marker = tmp_path / "CODE_WAS_RUN"
+    torch.save({"optimizer_history": [{"num_updates": RunsCode(marker)}]}, path)
+    assert numerical_faults._checkpoint_update(str(path)) is None  # read weights-only, for a message
+    assert not marker.exists()
+
+
+class RunsCode:
+    """Unpickled, it would create ``path``."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
 
 
 def test_a_finding_only_in_parameter_gradients_names_the_first():
