@@ -63,11 +63,11 @@ def _refused(f, error):
 
 def _fairseq_checkpoint(f, state):
     """What every reader of a fairseq checkpoint takes for granted: a dict with the model's weights."""
+    name = getattr(f, "name", f)
     if not isinstance(state, dict):
-        raise CheckpointError(f"{getattr(f, 'name', f)}: not a fairseq checkpoint (a {type(state).__name__}, "
-                              "not a dict of entries)")
+        raise CheckpointError(f"{name}: not a fairseq checkpoint (a {type(state).__name__}, not a dict of entries)")
     if "model" not in state:
-        raise CheckpointError(f"{getattr(f, 'name', f)}: not a fairseq checkpoint (no 'model' entry)")
+        raise CheckpointError(f"{name}: not a fairseq checkpoint (no 'model' entry)")
 
 
 def load_checkpoint_to_cpu(path, *args, **kwargs):
