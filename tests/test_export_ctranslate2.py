@@ -225,3 +225,30 @@ def test_benchmark_reports_speed_and_the_bleu_of_fairseq_generate(models, tmp_pa
     assert rows["fairseq"][10].strip() == rows["onnx float32"][10].strip() == f"{len(ids)}/{len(ids)}"
     assert rows["fairseq --compile-decoding"][10].strip() == f"{len(ids)}/{len(ids)}"
     assert all(float(cells[3]) > 0 and float(cells[6]) > 0 for cells in rows.values())
+
+
+@pytest.mark.parametrize("engines, refused, fragment", [
+    (["ctranslate2"], "rnnsearch", "'rnnsearch_tiny' (model 'rnnsearch') is not exported to CTranslate2"),
+    (["onnx", "ctranslate2"], "builtin_transformer", "'transformer' (model 'transformer') is not exported to ONNX"),
+    (["ctranslate2"], None, "does not exist"),
+])
+def test_benchmark_refuses_a_checkpoint_before_measuring_any(engines, refused, fragment, models, generation_models,
+                                                              tmp_path, capsys, monkeypatch):
+    """A checkpoint an engine cannot take, or a missing one, named last: one line, and no model of
+    the first checkpoint exported or decoded (it took minutes before the refusal)."""
+    from fairseq_plugins.benchmarks import engines as benchmark_engines
+    from fairseq_plugins.cli import benchmark_ctranslate2
+
+    def measured(*args):
+        raise AssertionError("measured before every checkpoint was checked")
+
+    monkeypatch.setattr(benchmark_engines, "measure_checkpoint", measured)
+    data, checkpoint, *_ = models["paper-postln-shared"]
+    last = generation_models[refused] if refused else tmp_path / "missing.pt"
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_ctranslate2.main([str(data), str(checkpoint), str(last), "--engine", *engines,
+                                    "--out", str(tmp_path / "report.md")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and lines[-1].startswith("fairseq-plugins-benchmark-ctranslate2: error:") \
+        and str(last) in lines[-1] and fragment in lines[-1], lines
+    assert not (tmp_path / "report.md").exists()

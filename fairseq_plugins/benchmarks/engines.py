@@ -27,6 +27,7 @@ from sacrebleu.metrics import BLEU
 from fairseq_plugins.benchmarks.measure import generation_model
 from fairseq_plugins.benchmarks.report import describe_run, engine_table
 from fairseq_plugins.checkpoints import save_state
+from fairseq_plugins.export.common import read_checkpoint
 from fairseq_plugins.modules.beam_cache import BeamCacheDecoder
 
 # the suite's decoding options measured as engines of their own (rows of a suite model)
@@ -143,8 +144,14 @@ def time_engines(engines: Dict, checkpoint: str, threads: int, references: List[
     return rows
 
 
-def run(args, exports: Sequence[Callable], engine: str) -> str:
-    """The report of :func:`measure_checkpoint` with ``exports`` on every checkpoint."""
+def run(args, exports: Sequence[Callable], engine: str, checks: Sequence[Callable] = ()) -> str:
+    """The report of :func:`measure_checkpoint` with ``exports`` on every checkpoint. Every
+    checkpoint is read and passed to each of ``checks`` (``check(state, checkpoint)``, an exporter's
+    refusals) first, so a checkpoint an engine cannot take is refused before anything is measured."""
+    for checkpoint in args.checkpoints:
+        state = read_checkpoint(checkpoint)
+        for check in checks:
+            check(state, checkpoint)
     args.load_at_start = os.getloadavg()[0]
     start = time.time()
     with tempfile.TemporaryDirectory() as work_dir:

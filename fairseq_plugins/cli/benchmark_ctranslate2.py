@@ -5,6 +5,7 @@ What is measured and how: :mod:`fairseq_plugins.benchmarks.engines`; the engines
 """
 from fairseq_plugins.benchmarks.ctranslate2 import ctranslate2_engines
 from fairseq_plugins.benchmarks.engines import run
+from fairseq_plugins.export.ctranslate2 import check_exportable as ctranslate2_exportable
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 
 ENGINES = {"ctranslate2": "CTranslate2", "onnx": "ONNX Runtime"}  # --engine: the report's names
@@ -35,15 +36,18 @@ def get_parser() -> ArgumentParser:
 def main(argv=None):
     def body(args):
         names = list(dict.fromkeys(args.engine))  # once each, in the order given
-        exports = []
+        exports, checks = [], []
         for name in names:
             if name == "onnx":  # onnxruntime and onnxscript only then
                 from fairseq_plugins.benchmarks.onnx import onnx_engines
+                from fairseq_plugins.export.onnx import check_exportable
 
                 exports.append(onnx_engines)
+                checks.append(check_exportable)
             else:
                 exports.append(ctranslate2_engines)
-        report = run(args, exports, " and ".join(ENGINES[name] for name in names))
+                checks.append(ctranslate2_exportable)
+        report = run(args, exports, " and ".join(ENGINES[name] for name in names), checks)
         print(report)
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:

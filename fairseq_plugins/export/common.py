@@ -42,10 +42,15 @@ def model_options(state: dict, checkpoint: str) -> Namespace:
     return options
 
 
+def architecture(options: Namespace) -> str:
+    """The checkpoint's ``--arch`` (``_name`` in a dataclass config)."""
+    return getattr(options, "arch", None) or getattr(options, "_name", None)
+
+
 def model_family(options: Namespace, checkpoint: str, families: Iterable[str], target: str) -> str:
     """The registered model (``ARCH_MODEL_NAME_REGISTRY``) of the checkpoint's architecture, refused
     by name unless it is one of ``families``, the models exported to ``target``."""
-    arch = getattr(options, "arch", None) or getattr(options, "_name", None)
+    arch = architecture(options)
     family = ARCH_MODEL_NAME_REGISTRY.get(arch)
     if family not in families:
         raise CheckpointError(f"{checkpoint}: architecture {arch!r} (model {family!r}) is not exported to "

@@ -29,13 +29,18 @@ QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
 
 
-def load_model(checkpoint: str, data: Optional[str] = None):
-    """The model in eval mode and its task (dictionaries), read as fairseq-generate does."""
-    state = read_checkpoint(checkpoint)
+def check_exportable(state: dict, checkpoint: str) -> None:
+    """Refuse, in one line, a checkpoint (``state``, read from ``checkpoint``) CTranslate2 cannot express."""
     options = model_options(state, checkpoint)
     model_family(options, checkpoint, [MODEL], "CTranslate2")
     check_one_width(options.encoder_embed_dim, options.decoder_embed_dim,
                     "CTranslate2's encoder-decoder attention is not tested with two widths")
+
+
+def load_model(checkpoint: str, data: Optional[str] = None):
+    """The model in eval mode and its task (dictionaries), read as fairseq-generate does."""
+    state = read_checkpoint(checkpoint)
+    check_exportable(state, checkpoint)
     return build_model(state, checkpoint, data)
 
 

@@ -26,35 +26,25 @@ import json
 import logging
 import os
 import shutil
-from argparse import Namespace
 from typing import Optional
 
 import fairseq_plugins_onnx
-from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-from omegaconf import OmegaConf
 
-from fairseq_plugins.errors import CheckpointError, ConfigError
+from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.export import onnx_web
-from fairseq_plugins.export.common import build_model, check_output, read_checkpoint, staged_folder
+from fairseq_plugins.export.common import (architecture, build_model, check_output, model_family, model_options,
+                                           read_checkpoint, staged_folder)
 
 FAMILIES = ("vaswani_transformer", "rnnsearch", "rnnencdec", "seq2seq_lstm")
 QUANTIZATIONS = ("int8",)
 SUBWORD_FILES = {"subword_nmt": "bpe.codes", "sentencepiece": "sentencepiece.model"}
 
 
-def _architecture(state: dict, checkpoint: str):
-    """(arch, family) of the checkpoint, or a one-line refusal of another family."""
-    cfg = state["cfg"]["model"] if state.get("cfg") is not None else state.get("args")
-    if cfg is None:
-        raise CheckpointError(f"{checkpoint}: no model options (cfg.model) in the checkpoint")
-    if not isinstance(cfg, Namespace):
-        cfg = Namespace(**OmegaConf.to_container(OmegaConf.create(cfg), resolve=True))
-    arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None)
-    family = ARCH_MODEL_NAME_REGISTRY.get(arch)
-    if family not in FAMILIES:
-        raise CheckpointError(f"{checkpoint}: architecture {arch!r} (model {family!r}) is not exported to ONNX; "
-                              f"only {', '.join(FAMILIES)} are")
-    return arch, family
+def check_exportable(state: dict, checkpoint: str):
+    """(arch, family) of the checkpoint (``state``, read from ``checkpoint``), or a one-line refusal
+    of another family."""
+    options = model_options(state, checkpoint)
+    return architecture(options), model_family(options, checkpoint, FAMILIES, "ONNX")
 
 
 def _check_options(bpe_codes, sentencepiece_model, quantize, beam, lenpen, max_len_b):
@@ -218,7 +208,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: boo
     check_output(out_dir, force, "decoder_step.onnx", "fairseq-plugins-export-onnx folder")
     _check_options(bpe_codes, sentencepiece_model, quantize, beam, lenpen, max_len_b)
     state = read_checkpoint(checkpoint)
-    arch, family = _architecture(state, checkpoint)
+    arch, family = check_exportable(state, checkpoint)
     assets = onnx_web.assets()
     model, task = build_model(state, checkpoint, data)
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
