@@ -119,17 +119,19 @@ def test_fairseq_generate_with_compiled_decoding_gives_the_same_hypotheses(famil
 def test_int8_decoding_quantizes_the_products_and_refuses_what_it_cannot_run(generation_models, caplog,
                                                                             monkeypatch):
     quantized = torch.ao.nn.quantized.dynamic.Linear
+    monkeypatch.setattr(compiled_decoding, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "amx_int8"])  # a Xeon
     with caplog.at_level(logging.INFO):
         model = _prepare(generation_models["rnnsearch"], True, "int8")
     assert sum(isinstance(m, quantized) for m in model.modules()) == 12  # 13 but v_a, a vector
     assert isinstance(model.decoder.context.attention.v_a, torch.nn.Linear)  # read as a weight, left in float32
     assert model.decoder.context.attention.compiled_energies is not None
-    assert "--quantize-decoding int8 --compile-decoding: RNNsearchModel quantizes its 12 linear layers to int8; " \
-           "prepacks its 1 linear layers for oneDNN; compiles the alignment model's energies" in caplog.text
+    assert "--quantize-decoding int8 --compile-decoding: RNNsearchModel quantizes its 12 linear layers to int8 (onednn " \
+           "kernels); prepacks its 1 linear layers for oneDNN; compiles the alignment model's energies" in caplog.text
     caplog.clear()
     monkeypatch.setattr(compiled_decoding, "cpu_flags", lambda: ["avx2", "fma"])  # an AVX2-only CPU
     model = _prepare(generation_models["vaswani_transformer"], False, "int8")
     assert sum(isinstance(m, quantized) for m in model.modules()) == 12
+    assert f"quantizes its 12 linear layers to int8 ({torch.backends.quantized.engine} kernels)" in caplog.text
     assert caplog.text.count("--quantize-decoding int8: no int8 dot products on this CPU (none of AVX512-VNNI, "
                              "AVX-VNNI, AMX): int8 decodes about as fast as float32 here") == 1
     with pytest.raises(ConfigError, match=r"^--quantize-decoding int8: int8 decoding runs on a CPU from float32 "

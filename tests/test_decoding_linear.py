@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fairseq_plugins.modules.decoding_linear import (PrepackedLinear, prepack_linear_layers_, prepacking_available,
-                                                      quantize_linear_layers_)
+from fairseq_plugins.modules.decoding_linear import (PrepackedLinear, int8_engine, prepack_linear_layers_,
+                                                      prepacking_available, quantize_linear_layers_)
 
 pytestmark = pytest.mark.skipif(not prepacking_available(), reason="not an x86 CPU, or torch without oneDNN")
 
@@ -121,10 +121,48 @@ def test_int8_layers_multiply_in_int8_within_its_rounding_and_leave_vectors_alon
                           nn.Linear(32, 2))
     x = torch.randn(20, 64)
     expected = model[0](x).detach()
-    assert quantize_linear_layers_(model) == 3
+    assert quantize_linear_layers_(model, torch.backends.quantized.engine) == 3
     assert type(model[2]) is nn.Linear  # a one-output layer: a vector, kept
     assert all(isinstance(model[i], torch.ao.nn.quantized.dynamic.Linear) for i in (0, 3, 4))  # two outputs too
     with torch.no_grad():
         got = model[0](x)
     error = (got - expected).norm() / expected.norm()
     assert 1e-4 < error < 0.02, error  # int8's rounding: not float32's products, and close to them
+
+
+def test_int8_engine_is_onednn_where_the_cpu_has_amx():
+    default = torch.backends.quantized.engine
+    assert int8_engine(["avx2", "fma", "avx512f", "avx512_vnni", "amx_bf16", "amx_int8"]) == "onednn"  # a Xeon
+    assert int8_engine(["avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni"]) == default  # an EPYC: VNNI only
+    assert int8_engine(["avx2", "fma"]) == default == torch.backends.quantized.engine
+
+
+@pytest.mark.parametrize("engine, other", [("onednn", "x86"), ("x86", "onednn")])
+def test_int8_layers_run_the_kernels_of_the_engine_they_were_packed_for(engine, other):
+    """Oracle: torch's own quantize_dynamic under that global engine; the two engines' outputs differ in
+    the last bits (measured: 2.4e-7), so a layer packed for the other engine fails the equality."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(64, 96)), torch.randn(20, 64)
+    expected = {}
+    before = torch.backends.quantized.engine
+    try:
+        for name in (engine, other):
+            torch.backends.quantized.engine = name
+            reference = quantize_dynamic(copy.deepcopy(model), {nn.Linear: per_channel_dynamic_qconfig},
+                                         dtype=torch.qint8)
+            torch.backends.quantized.engine = before
+            with torch.no_grad():
+                expected[name] = reference(x)
+    finally:
+        torch.backends.quantized.engine = before
+    assert not torch.equal(expected[engine], expected[other])
+    torch.backends.quantized.engine = other  # the global engine at call time does not decide
+    try:
+        assert quantize_linear_layers_(model, engine) == 1
+        assert torch.backends.quantized.engine == other  # put back
+        with torch.no_grad():
+            assert torch.equal(model(x), expected[engine])
+    finally:
+        torch.backends.quantized.engine = before

@@ -28,7 +28,7 @@ from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.hardware import INT8_DOT_PRODUCTS, cpu_flags, int8_note
 from fairseq_plugins.modules.beam_cache import BeamCacheDecoder
-from fairseq_plugins.modules.decoding_linear import prepack_linear_layers_, quantize_linear_layers_
+from fairseq_plugins.modules.decoding_linear import int8_engine, prepack_linear_layers_, quantize_linear_layers_
 from fairseq_plugins.patches._mechanism import Patch, Target, config_options
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ def prepare_for_inference_(self, cfg):
                               "--cpu and leave out --fp16/--bf16")
         if not any(flag in cpu_flags() for flag in INT8_DOT_PRODUCTS):
             logger.warning("--quantize-decoding int8: %s", int8_note(cpu_flags()))
-        done.append(f"quantizes its {quantize_linear_layers_(self)} linear layers to int8")
+        engine = int8_engine(cpu_flags())
+        done.append(f"quantizes its {quantize_linear_layers_(self, engine)} linear layers to int8 ({engine} kernels)")
     if compile_decoding:
         prepacked = prepack_linear_layers_(self)  # those left in float32
         if prepacked:
