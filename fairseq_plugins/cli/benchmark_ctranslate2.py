@@ -5,8 +5,8 @@ What is measured and how: :mod:`fairseq_plugins.benchmarks.engines`; the engines
 """
 from fairseq_plugins.benchmarks.ctranslate2 import ctranslate2_engines
 from fairseq_plugins.benchmarks.engines import run
-from fairseq_plugins.export.ctranslate2 import check_exportable as ctranslate2_exportable
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
+from fairseq_plugins.export.ctranslate2 import check_exportable as ctranslate2_exportable
 
 ENGINES = {"ctranslate2": "CTranslate2", "onnx": "ONNX Runtime"}  # --engine: the report's names
 

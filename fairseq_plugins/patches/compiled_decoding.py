@@ -68,9 +68,10 @@ def prepare_for_inference_(self, cfg):
         if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in self.parameters()):
             raise ConfigError("--quantize-decoding int8: int8 decoding runs on a CPU from float32 weights; add "
                               "--cpu and leave out --fp16/--bf16")
-        if not any(flag in cpu_flags() for flag in INT8_DOT_PRODUCTS):
-            logger.warning("--quantize-decoding int8: %s", int8_note(cpu_flags()))
-        engine = int8_engine(cpu_flags())
+        isa = cpu_flags()
+        if not any(flag in isa for flag in INT8_DOT_PRODUCTS):
+            logger.warning("--quantize-decoding int8: %s", int8_note(isa))
+        engine = int8_engine(isa)
         done.append(f"quantizes its {quantize_linear_layers_(self, engine)} linear layers to int8 ({engine} kernels)")
     if compile_decoding:
         prepacked = prepack_linear_layers_(self)  # those left in float32
