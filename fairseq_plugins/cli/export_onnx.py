@@ -1,4 +1,4 @@
-"""fairseq-plugins-export-onnx CHECKPOINT OUT_DIR [--data DIR] [--force] [--quantize int8]
+"""fairseq-plugins-export-onnx CHECKPOINT OUT_DIR [--data DIR] [--force] [--quantize int8 | int8-weights]
 [--bpe-codes FILE | --sentencepiece-model FILE] [--beam N --lenpen P --max-len-b N]"""
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 from fairseq_plugins.errors import ConfigError
@@ -17,8 +17,10 @@ def get_parser() -> ArgumentParser:
     parser.add_argument("--data", metavar="DIR", help="directory with dict.SRC.txt/dict.TGT.txt (default: the "
                                                       "checkpoint's training data directory)")
     parser.add_argument("--force", action="store_true", help="replace OUT_DIR if it is an ONNX model folder")
-    parser.add_argument("--quantize", choices=["int8"],
-                        help="int8 weights of every MatMul (weight-only MatMulNBits), float32 activations")
+    parser.add_argument("--quantize", choices=["int8", "int8-weights"],
+                        help="int8: every MatMul by a weight multiplies in int8 (dynamic quantization; fast where "
+                             "the CPU has VNNI or AMX); int8-weights: int8 weights, float32 products (smaller "
+                             "graphs, slower decoding)")
     subword = parser.add_mutually_exclusive_group()
     subword.add_argument("--bpe-codes", metavar="FILE",
                          help="subword-nmt BPE codes the model was trained with (after Moses tokenization)")
@@ -42,7 +44,7 @@ def body(args):
            bpe_codes=args.bpe_codes, sentencepiece_model=args.sentencepiece_model, beam=args.beam,
            lenpen=args.lenpen, max_len_b=args.max_len_b)
     print(f"wrote {args.out_dir} ({args.quantize or 'float32'})")
-    if args.quantize:
+    if args.quantize == "int8":
         print(f"note: {int8_note(cpu_flags())}")
 
 

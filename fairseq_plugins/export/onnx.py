@@ -1,6 +1,6 @@
 """Write a checkpoint of any family as an ONNX Runtime folder.
 
-    fairseq-plugins-export-onnx CHECKPOINT OUT_DIR [--data DIR] [--force] [--quantize int8]
+    fairseq-plugins-export-onnx CHECKPOINT OUT_DIR [--data DIR] [--force] [--quantize int8 | int8-weights]
         [--bpe-codes FILE | --sentencepiece-model FILE] [--beam N --lenpen P --max-len-b N]
 
 The folder holds
@@ -18,9 +18,12 @@ The folder holds
 * ``fairseq_plugins_onnx.py``, the runtime (numpy + onnxruntime), and the web page
   (:mod:`fairseq_plugins.export.onnx_web`).
 
-With ``--quantize int8`` every MatMul of both graphs gets int8 weights and keeps float32
-activations (onnxruntime's weight-only ``MatMulNBits``, 8 bits, asymmetric blocks of 16 along the
-input dimension); docs/ONNX.md has the measurements that chose it over dynamic quantization.
+``--quantize int8`` makes every MatMul by a weight an int8 product (onnxruntime's dynamic
+quantization: int8 weights, one scale per matrix, 7 bits of range; each call's input rounded to 8
+bits with its own range; int32 sums): what CTranslate2's and ``--quantize-decoding int8``'s int8
+do, and what the CPU's int8 dot products (VNNI, AMX) speed up. ``--quantize int8-weights`` keeps
+float32 arithmetic and stores int8 weights (weight-only ``MatMulNBits``, asymmetric blocks of 16):
+smaller graphs, slower decoding. docs/ONNX.md has the measurements behind both.
 """
 import json
 import logging
@@ -36,7 +39,7 @@ from fairseq_plugins.export.common import (architecture, build_model, check_outp
                                            read_checkpoint, staged_folder)
 
 FAMILIES = ("vaswani_transformer", "rnnsearch", "rnnencdec", "seq2seq_lstm")
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "int8-weights")
 SUBWORD_FILES = {"subword_nmt": "bpe.codes", "sentencepiece": "sentencepiece.model"}
 
 
@@ -182,17 +185,24 @@ def transposes_of_the_last_axes(path: str) -> None:
     onnx.save(graph_model, path)
 
 
-def quantize_graphs(out_dir: str) -> None:
-    """int8 weights, float32 activations: dynamic quantization's per-call int8 activations flipped
-    fp32's hypotheses on 56% (RNNsearch) of the test sentences, weight-only on 7% (docs/ONNX.md)."""
+def quantize_graphs(out_dir: str, quantization: str) -> None:
+    """``int8``: int8 products. 7-bit weights (``reduce_range``) because a CPU without VNNI sums
+    pairs of u8 x s8 products in 16 bits, which 8-bit weights can overflow; the folder may run on
+    such a CPU. ``int8-weights``: weight-only, float32 products (asymmetric blocks of 16 kept the
+    tiny models' hypotheses best, docs/ONNX.md)."""
     import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     for name in ("encoder.onnx", "decoder_step.onnx"):
         path = os.path.join(out_dir, name)
-        quantizer = MatMulNBitsQuantizer(onnx.load(path), bits=8, block_size=16, is_symmetric=False)
-        quantizer.process()
-        quantizer.model.save_model_to_file(path)
+        if quantization == "int8":
+            quantize_dynamic(path, path, op_types_to_quantize=["MatMul"], per_channel=False, reduce_range=True,
+                             weight_type=QuantType.QInt8)
+        else:
+            quantizer = MatMulNBitsQuantizer(onnx.load(path), bits=8, block_size=16, is_symmetric=False)
+            quantizer.process()
+            quantizer.model.save_model_to_file(path)
 
 
 def _write_json(path: str, value) -> None:
@@ -230,11 +240,13 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: boo
         raise ConfigError(f"{checkpoint}: the source and target dictionaries number <pad>, </s>, <unk> differently")
     with staged_folder(out_dir) as staging:
         config.update(write_graphs(model, staging))
-        if quantize:
-            quantize_graphs(staging)
-        for name in ("encoder.onnx", "decoder_step.onnx"):  # after quantizing: the vector stays float32
+        if quantize == "int8-weights":  # before the rewrites: RNNsearch's v_a stays a float32 vector
+            quantize_graphs(staging, quantize)
+        for name in ("encoder.onnx", "decoder_step.onnx"):
             matrix_vector_products_as_matrix_products(os.path.join(staging, name))
             transposes_of_the_last_axes(os.path.join(staging, name))
+        if quantize == "int8":  # after them: they find MatMuls, which int8 would have replaced (25% slower)
+            quantize_graphs(staging, quantize)
         _write_json(os.path.join(staging, "source_vocabulary.json"), list(src_dict.symbols))
         _write_json(os.path.join(staging, "target_vocabulary.json"), list(tgt_dict.symbols))
         for path, name in ((bpe_codes, SUBWORD_FILES["subword_nmt"]),
