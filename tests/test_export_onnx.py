@@ -513,7 +513,7 @@ def test_int8_weights_keep_hypotheses_and_bleu(family, folders, generation_model
 @pytest.mark.parametrize("family", ["rnnsearch", "vaswani_transformer"])
 def test_int8_multiplies_in_int8_with_7_bit_weights(family, folders, generation_models, generated, test100,
                                                     tmp_path_factory):
-    """Every MatMul by a weight became an int8 product of 7-bit weights; the step's log-probabilities
+    """Every MatMul by a weight matrix became an int8 product of 7-bit weights; the step's log-probabilities
     are int8's, not float32's, and near them. On these 60-update models near-ties are everywhere: the
     bar on agreement is the benchmark's, on converged models (docs/ONNX.md)."""
     import onnx
@@ -523,7 +523,8 @@ def test_int8_multiplies_in_int8_with_7_bit_weights(family, folders, generation_
     for name in ("encoder.onnx", "decoder_step.onnx"):
         graph = onnx.load(os.path.join(folder, name)).graph
         weights = {w.name: numpy_helper.to_array(w) for w in graph.initializer}
-        assert not [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights], name
+        float32 = [weights[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+        assert all(w.shape[1:] == (1,) for w in float32), name  # only RNNsearch's v_a, as an (n', 1) matrix
         int8 = [weights[n.input[1]] for n in graph.node if n.op_type == "MatMulInteger"]
         # |w| <= 64: a pair of u8 x s8 products, 2 * 255 * 64, fits the 16 bits a CPU without VNNI sums in;
         # 2-D: quantized after the rewrites, RNNsearch's v_a is an (n', 1) matrix, not onnxruntime's slow vector
@@ -653,6 +654,31 @@ def test_page_translates_as_fairseq_generate_offline(folders, generated):
                                                    err_msg=f"{family}: sentence {i}")
                     page.close()
                     assert requests and all(r.startswith(url + "/") for r in requests), requests
+        finally:
+            browser.close()
+
+
+def test_page_runs_int8_folders_as_the_python_runtime(folders, generation_models, generated, tmp_path_factory):
+    """onnxruntime-web's kernels for both quantizations (int8 products, int8 weights): 5 test
+    sentences per family to the Python runtime's translations of the same folder."""
+    from playwright.sync_api import sync_playwright
+    from test_serve_browser import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for family in ("rnnsearch", "vaswani_transformer"):
+                sources = [generated[family][i][0] for i in sorted(generated[family])[:5]]
+                for quantization in ("int8", "int8-weights"):
+                    folder = _quantized(generation_models, tmp_path_factory, family, quantization)
+                    expected = [" ".join(h[0].tokens) for h in Translator(folder).translate(
+                        [s.split() for s in sources], beam=4)]
+                    with static_server(folder) as url:
+                        page = browser.new_page()
+                        page.goto(url + "/index.html")
+                        page.wait_for_selector("#go:enabled", timeout=120_000)
+                        assert [_translate_in_page(page, s) for s in sources] == expected, (family, quantization)
+                        page.close()
         finally:
             browser.close()
 
