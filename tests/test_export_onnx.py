@@ -524,7 +524,9 @@ def test_int8_multiplies_in_int8_with_7_bit_weights(family, folders, generation_
         graph = onnx.load(os.path.join(folder, name)).graph
         weights = {w.name: numpy_helper.to_array(w) for w in graph.initializer}
         float32 = [weights[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
-        assert all(w.shape[1:] == (1,) for w in float32), name  # only RNNsearch's v_a, as an (n', 1) matrix
+        # only RNNsearch's v_a, as an (n', 1) matrix: rounding its input cost more than the int8 product saved
+        assert all(w.shape[1:] == (1,) for w in float32), name
+        assert len(float32) == (family == "rnnsearch" and name == "decoder_step.onnx"), (name, len(float32))
         int8 = [weights[n.input[1]] for n in graph.node if n.op_type == "MatMulInteger"]
         # |w| <= 64: a pair of u8 x s8 products, 2 * 255 * 64, fits the 16 bits a CPU without VNNI sums in;
         # 2-D: quantized after the rewrites, RNNsearch's v_a is an (n', 1) matrix, not onnxruntime's slow vector
