@@ -622,67 +622,63 @@ def _translate_in_page(page, text):
     return page.inner_text("#translation")
 
 
+def _open_page(browser, url, requests=None):
+    """The folder's index.html once its models are loaded (Translate enabled); ``requests``, a
+    list, collects the URL of every request the page makes."""
+    page = browser.new_page()
+    if requests is not None:
+        page.on("request", lambda r: requests.append(r.url))
+    page.goto(url + "/index.html")
+    page.wait_for_selector("#go:enabled", timeout=120_000)
+    return page
+
+
 def test_page_translates_as_fairseq_generate_offline(folders, generated):
     """index.html from a static server in headless Chromium: 20 test sentences per family to
     fairseq-generate's strings, the heat-map's cells carrying --print-alignment's values, and no
     request outside the folder."""
-    from playwright.sync_api import sync_playwright
-    from test_serve_browser import CHROMIUM, CHROMIUM_ARGS
+    from test_serve_browser import chromium
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            for family in FAMILIES:
-                assert os.path.isfile(os.path.join(folders[family], "index.html")), \
-                    "no page: bash scripts/setup_onnx_web.sh installs onnxruntime-web"
-                expected = generated[family]
-                ids = [i for i in sorted(expected) if len(expected[i][1].split()) < MAX_LEN][:20]
-                with static_server(folders[family]) as url:
-                    page = browser.new_page()
-                    requests = []
-                    page.on("request", lambda r: requests.append(r.url))
-                    page.goto(url + "/index.html")
-                    page.wait_for_selector("#go:enabled", timeout=120_000)
-                    assert family in page.inner_text("#model")
-                    for i in ids:
-                        source, hypothesis, _, alignment = expected[i]
-                        assert _translate_in_page(page, source) == hypothesis, f"{family}: sentence {i}"
-                        if alignment is None:
-                            assert page.locator("#heatmap").count() == 0
-                            continue
-                        cells = page.eval_on_selector_all("#heatmap tbody tr", "rows => rows.map(r => Array.from("
-                                                          "r.querySelectorAll('td')).map(td => Number(td.dataset.weight)))")
-                        np.testing.assert_allclose(np.array(cells), np.array(alignment)[:-1, :-1], atol=1e-4, rtol=0,
-                                                   err_msg=f"{family}: sentence {i}")
-                    page.close()
-                    assert requests and all(r.startswith(url + "/") for r in requests), requests
-        finally:
-            browser.close()
+    with chromium() as browser:
+        for family in FAMILIES:
+            assert os.path.isfile(os.path.join(folders[family], "index.html")), \
+                "no page: bash scripts/setup_onnx_web.sh installs onnxruntime-web"
+            expected = generated[family]
+            ids = [i for i in sorted(expected) if len(expected[i][1].split()) < MAX_LEN][:20]
+            with static_server(folders[family]) as url:
+                requests = []
+                page = _open_page(browser, url, requests)
+                assert family in page.inner_text("#model")
+                for i in ids:
+                    source, hypothesis, _, alignment = expected[i]
+                    assert _translate_in_page(page, source) == hypothesis, f"{family}: sentence {i}"
+                    if alignment is None:
+                        assert page.locator("#heatmap").count() == 0
+                        continue
+                    cells = page.eval_on_selector_all("#heatmap tbody tr", "rows => rows.map(r => Array.from("
+                                                      "r.querySelectorAll('td')).map(td => Number(td.dataset.weight)))")
+                    np.testing.assert_allclose(np.array(cells), np.array(alignment)[:-1, :-1], atol=1e-4, rtol=0,
+                                               err_msg=f"{family}: sentence {i}")
+                page.close()
+                assert requests and all(r.startswith(url + "/") for r in requests), requests
 
 
 def test_page_runs_int8_folders_as_the_python_runtime(folders, generation_models, generated, tmp_path_factory):
     """onnxruntime-web's kernels for both quantizations (int8 products, int8 weights): 5 test
     sentences per family to the Python runtime's translations of the same folder."""
-    from playwright.sync_api import sync_playwright
-    from test_serve_browser import CHROMIUM, CHROMIUM_ARGS
+    from test_serve_browser import chromium
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            for family in ("rnnsearch", "vaswani_transformer"):
-                sources = [generated[family][i][0] for i in sorted(generated[family])[:5]]
-                for quantization in ("int8", "int8-weights"):
-                    folder = _quantized(generation_models, tmp_path_factory, family, quantization)
-                    expected = [" ".join(h[0].tokens) for h in Translator(folder).translate(
-                        [s.split() for s in sources], beam=4)]
-                    with static_server(folder) as url:
-                        page = browser.new_page()
-                        page.goto(url + "/index.html")
-                        page.wait_for_selector("#go:enabled", timeout=120_000)
-                        assert [_translate_in_page(page, s) for s in sources] == expected, (family, quantization)
-                        page.close()
-        finally:
-            browser.close()
+    with chromium() as browser:
+        for family in ("rnnsearch", "vaswani_transformer"):
+            sources = [generated[family][i][0] for i in sorted(generated[family])[:5]]
+            for quantization in ("int8", "int8-weights"):
+                folder = _quantized(generation_models, tmp_path_factory, family, quantization)
+                expected = [" ".join(h[0].tokens) for h in Translator(folder).translate(
+                    [s.split() for s in sources], beam=4)]
+                with static_server(folder) as url:
+                    page = _open_page(browser, url)
+                    assert [_translate_in_page(page, s) for s in sources] == expected, (family, quantization)
+                    page.close()
 
 
 # text with what subword models meet in the wild: case, digits, punctuation runs, a URL, non-Latin script
@@ -692,9 +688,8 @@ ODD_TEXT = ["labelWarning 2026-12-01 ...!!! http://example.org/a_b?c=1", "naïve
 def test_page_subwords_equal_subword_nmt_and_sentencepiece(folders, test100, tmp_path):
     """The page's BPE (subword-nmt's merges) and unigram sentencepiece, run in Chromium, against the
     libraries on the corpus' test sentences and odd text."""
-    from playwright.sync_api import sync_playwright
     from subword_nmt.apply_bpe import BPE
-    from test_serve_browser import CHROMIUM, CHROMIUM_ARGS
+    from test_serve_browser import chromium
 
     from fairseq_plugins.data.subwords import learn_apply_bpe, learn_apply_sentencepiece
     from fairseq_plugins.export.onnx_web import _sentencepiece_pieces
@@ -707,18 +702,12 @@ def test_page_subwords_equal_subword_nmt_and_sentencepiece(folders, test100, tmp
         assert bpe_lines == [BPE(f).process_line(line) for line in lines]  # the library's own route
     spm_lines = learn_apply_sentencepiece(train, {"test": lines[:-1]}, 120, str(tmp_path / "spm"))["test"]
     pieces = _sentencepiece_pieces(str(tmp_path / "spm.model"))
-    with sync_playwright() as p, static_server(folders["rnnsearch"]) as url:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.goto(url + "/index.html")
-            page.wait_for_selector("#go:enabled", timeout=120_000)
-            bpe_js = page.evaluate("([codes, lines]) => { const b = new Bpe(codes); "
-                                   "return lines.map((l) => b.encode(l).join(' ')); }",
-                                   [(tmp_path / "bpe.codes").read_text(encoding="utf-8"), lines])
-            spm_js = page.evaluate("([model, lines]) => { const u = new Unigram(model); "
-                                   "return lines.map((l) => u.encode(l).join(' ')); }", [pieces, lines[:-1]])
-        finally:
-            browser.close()
+    with chromium() as browser, static_server(folders["rnnsearch"]) as url:
+        page = _open_page(browser, url)
+        bpe_js = page.evaluate("([codes, lines]) => { const b = new Bpe(codes); "
+                               "return lines.map((l) => b.encode(l).join(' ')); }",
+                               [(tmp_path / "bpe.codes").read_text(encoding="utf-8"), lines])
+        spm_js = page.evaluate("([model, lines]) => { const u = new Unigram(model); "
+                               "return lines.map((l) => u.encode(l).join(' ')); }", [pieces, lines[:-1]])
     assert bpe_js == bpe_lines
     assert spm_js == spm_lines

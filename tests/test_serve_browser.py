@@ -5,6 +5,7 @@ weight w: its colour (computed by the browser) the shade round(255 (1 - w)) of b
 the two tokens and w, and the darkest cell of each row the row's largest weight. The screenshot is kept under pytest's
 temporary directory, and written to ``$SERVE_SCREENSHOT`` too when that is set (how
 docs/serve-screenshot.png was made)."""
+import contextlib
 import math
 import os
 import re
@@ -25,39 +26,46 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def test_page_translates_and_draws_the_alignment(generation_models, corpus_dir, tmp_path):
+@contextlib.contextmanager
+def chromium():
+    """Headless Chromium, driven by Playwright, closed when the block ends."""
     assert os.path.exists(CHROMIUM), "install Debian's chromium (.ci/run does)"
-    sentence = open(f"{corpus_dir}/test.src").read().splitlines()[4]
-    with ServerProcess(generation_models["rnnsearch"], ["--max-delay-ms", "1"], log=str(tmp_path / "serve.log"),
-                       env=ONE_THREAD) as server, sync_playwright() as p:
-        expected = httpx.post(server.url + "/translate", json={"text": sentence, "alignment": True},
-                              timeout=60).json()["translations"][0]
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 900, "height": 640})
-            offline = []  # requests to anywhere but the server
-            page.on("request", lambda r: offline.append(r.url) if not r.url.startswith(server.url) else None)
-            page.goto(server.url + "/")
-            page.fill("#source", sentence)
-            page.click("#go")
-            page.wait_for_selector("#heatmap", timeout=60_000)
-            assert page.inner_text("#translation") == expected["text"]
-            rows = page.locator("#heatmap tbody tr")
-            assert rows.count() == len(expected["tokens"])  # one row per target token
-            assert [rows.nth(i).locator("th").inner_text() for i in range(rows.count())] == expected["tokens"]
-            assert all(rows.nth(i).locator("td").count() == len(expected["source_tokens"]) for i in range(rows.count()))
-            assert page.locator("#heatmap thead th").count() == 1 + len(expected["source_tokens"])
-            assert "rnnsearch" in page.inner_text("#model")
-            drawn = page.eval_on_selector_all(
-                "#heatmap tbody tr", "rows => rows.map(r => [...r.querySelectorAll('td')].map("
-                                     "td => [getComputedStyle(td).backgroundColor, td.title]))")
-            check_cells(drawn, expected)
-            assert offline == []
-            page.screenshot(path=str(tmp_path / "serve-screenshot.png"), full_page=True)
-            if os.environ.get("SERVE_SCREENSHOT"):
-                shutil.copy(tmp_path / "serve-screenshot.png", os.environ["SERVE_SCREENSHOT"])
+            yield browser
         finally:
             browser.close()
+
+
+def test_page_translates_and_draws_the_alignment(generation_models, corpus_dir, tmp_path):
+    sentence = open(f"{corpus_dir}/test.src").read().splitlines()[4]
+    with ServerProcess(generation_models["rnnsearch"], ["--max-delay-ms", "1"], log=str(tmp_path / "serve.log"),
+                       env=ONE_THREAD) as server, chromium() as browser:
+        expected = httpx.post(server.url + "/translate", json={"text": sentence, "alignment": True},
+                              timeout=60).json()["translations"][0]
+        page = browser.new_page(viewport={"width": 900, "height": 640})
+        offline = []  # requests to anywhere but the server
+        page.on("request", lambda r: offline.append(r.url) if not r.url.startswith(server.url) else None)
+        page.goto(server.url + "/")
+        page.fill("#source", sentence)
+        page.click("#go")
+        page.wait_for_selector("#heatmap", timeout=60_000)
+        assert page.inner_text("#translation") == expected["text"]
+        rows = page.locator("#heatmap tbody tr")
+        assert rows.count() == len(expected["tokens"])  # one row per target token
+        assert [rows.nth(i).locator("th").inner_text() for i in range(rows.count())] == expected["tokens"]
+        assert all(rows.nth(i).locator("td").count() == len(expected["source_tokens"]) for i in range(rows.count()))
+        assert page.locator("#heatmap thead th").count() == 1 + len(expected["source_tokens"])
+        assert "rnnsearch" in page.inner_text("#model")
+        drawn = page.eval_on_selector_all(
+            "#heatmap tbody tr", "rows => rows.map(r => [...r.querySelectorAll('td')].map("
+                                 "td => [getComputedStyle(td).backgroundColor, td.title]))")
+        check_cells(drawn, expected)
+        assert offline == []
+        page.screenshot(path=str(tmp_path / "serve-screenshot.png"), full_page=True)
+        if os.environ.get("SERVE_SCREENSHOT"):
+            shutil.copy(tmp_path / "serve-screenshot.png", os.environ["SERVE_SCREENSHOT"])
 
 
 def check_cells(drawn, expected):
