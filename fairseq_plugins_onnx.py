@@ -153,9 +153,9 @@ class Translator:
     def _beam_search(self, src: np.ndarray, beam: int, lenpen: float, max_len: int,
                      buffers: RowBuffers) -> List[List[dict]]:
         bsz, src_len = src.shape
-        expand = np.arange(bsz).repeat(beam)  # every sentence's row, once per hypothesis of its beam
-        state = {name: buffers.take(name, s, expand)
-                 for name, s in zip(self.names, self.encoder.run(None, {"src_tokens": src}))}
+        # one row per sentence until the first step has run: every hypothesis of a beam starts
+        # the same, so the first step runs once per sentence, and its reorder expands the state
+        state = dict(zip(self.names, self.encoder.run(None, {"src_tokens": src})))
         tokens = np.full((bsz * beam, max_len + 2), self.pad, dtype=np.int64)
         tokens[:, 0] = self.eos
         scores = np.zeros((bsz * beam, max_len + 1), dtype=np.float32)
@@ -168,10 +168,13 @@ class Translator:
         reorder = kept_rows = None
         for step in range(max_len + 1):
             if reorder is not None:
-                state = {name: buffers.take(name, s, reorder) if name in self.carried
+                state = {name: buffers.take(name, s, reorder) if name in self.carried or step == 1
                          else s if kept_rows is None else buffers.take(name, s, kept_rows)
                          for name, s in state.items()}
-            lprobs, state, step_attn = self._run_step(tokens[:, step:step + 1], state)
+            lprobs, state, step_attn = self._run_step(
+                tokens[::beam, :1].copy() if step == 0 else tokens[:, step:step + 1], state)
+            if step == 0 and step_attn is not None:  # a row per hypothesis
+                step_attn = step_attn.repeat(beam, axis=0)
             lprobs = np.where(np.isnan(lprobs), -np.inf, lprobs).astype(np.float32)
             lprobs[:, self.pad] = -np.inf
             if step >= max_len:  # only </s> is left
@@ -182,10 +185,8 @@ class Translator:
             if attn is not None:
                 attn[:, :, step + 1] = step_attn
             vocab = lprobs.shape[1]
-            candidates = lprobs.reshape(bsz, beam, vocab)
-            if step == 0:
-                candidates = candidates[:, :1]  # every beam row holds the same hypothesis
-            else:
+            candidates = lprobs.reshape(bsz, -1, vocab)  # [bsz, 1, vocab] at the first step
+            if step > 0:
                 candidates = candidates + scores.reshape(bsz, beam, -1)[:, :, step - 1][:, :, None]
             flat = candidates.reshape(bsz, -1)
             k = min(cand_size, flat.shape[1] - 1)  # -1: never <pad>
@@ -227,9 +228,12 @@ class Translator:
             scores.reshape(bsz, beam, -1)[:, :, step] = np.take_along_axis(cand_scores, active_hypos, axis=1)
             if attn is not None:
                 attn[:, :, :step + 2] = attn[active_bbsz_idx, :, :step + 2]
-            # the state rows are still those before the finished sentences left
+            # the state rows are still those before the finished sentences left, one per
+            # sentence after the first step
             reorder = active_bbsz_idx if kept is None else (kept[active_bbsz_idx // beam] * beam
                                                             + active_bbsz_idx % beam)
+            if step == 0:
+                reorder = reorder // beam
         return [sorted(hypos, key=lambda h: -h["score"]) for hypos in finalized]
 
     def _finalize(self, step, bbsz_idx, eos_scores, tokens, scores, attn, finalized, finished, sentences,

@@ -192,6 +192,43 @@ def test_transposes_of_the_last_axes_keep_the_values_and_only_rewrite_what_they_
     np.testing.assert_array_equal(after, x.reshape(6, 4, 5).transpose(0, 2, 1).reshape(2, 3, 4, 5))  # kept as it was
 
 
+def test_a_weight_the_graph_transposes_is_stored_transposed_and_quantized(tmp_path):
+    """The export's rewrites on a small graph that reads a weight twice, as a tied output projection
+    does (embedding lookup, and the product by its transpose): float32 keeps the values exactly with
+    the transpose stored; int8 makes that product an int8 one, near the float32 values."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from fairseq_plugins.export.onnx import rewrite_graphs
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((40, 16)).astype(np.float32)  # [V, d]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Gather", ["W", "ids"], ["embedded"]),
+         helper.make_node("Transpose", ["W"], ["W.T"], perm=[1, 0]),
+         helper.make_node("MatMul", ["embedded", "W.T"], ["logits"])], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 40])],
+        [numpy_helper.from_array(weight, "W")]), opset_imports=[helper.make_opsetid("", 18)])
+    ids = {"ids": np.arange(0, 40, 3)}
+    expected = weight[ids["ids"]] @ weight.T
+    for quantization in (None, "int8"):
+        folder = tmp_path / str(quantization)
+        folder.mkdir()
+        for name in ("encoder.onnx", "decoder_step.onnx"):
+            onnx.save(model, str(folder / name))
+        rewrite_graphs(str(folder), quantization)
+        path = str(folder / "decoder_step.onnx")
+        ops = [n.op_type for n in onnx.load(path).graph.node]
+        logits = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, ids)[0]
+        assert "Transpose" not in ops and ("MatMulInteger" in ops) == (quantization == "int8"), ops
+        if quantization is None:
+            np.testing.assert_allclose(logits, expected, rtol=1e-6, atol=1e-5)
+        else:  # int8: one scale per matrix and per input
+            assert 0 < np.abs(logits - expected).max() < 0.05 * np.abs(expected).max()
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_log_probs_equal_the_fairseq_models(family, folders, generation_models, test100, data_bin):
     """Teacher-forced references, one token at a time through decoder_step.onnx's state, in a batch
@@ -300,7 +337,8 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
 def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, generated):
     """fairseq's loop ends once each sentence has `beam` finished hypotheses: in one batch of 100,
     with every hypothesis returned (n_best = beam), the steps run are the longest one's tokens
-    (</s> included), not --max-len-b's 200."""
+    (</s> included), not --max-len-b's 200; the first runs once per sentence (CTranslate2's
+    expansion after the first step: 5% of the rows of the converged models' test set)."""
     expected = generated["vaswani_transformer"]
     translator = Translator(folders["vaswani_transformer"])
     steps, run_step = [], translator._run_step
@@ -309,9 +347,10 @@ def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, 
     longest = max(len(h.ids) for hypos in results for h in hypos)
     assert len(steps) == longest < MAX_LEN, (len(steps), longest)
     # finished sentences leave the batch: the rows each step decodes are the unfinished sentences' beams
-    # a sentence is done at the step its longest hypothesis ends (n_best = beam: all of them returned)
+    # a sentence is done at the step its longest hypothesis ends (n_best = beam: all of them returned);
+    # the first step decodes one row per sentence, its beam's hypotheses being one and the same
     unfinished = [sum(max(len(h.ids) for h in hypos) > step for hypos in results) for step in range(len(steps))]
-    assert steps == [4 * n for n in unfinished] and steps[-1] < steps[0] == 400, (steps, unfinished)
+    assert steps == [100] + [4 * n for n in unfinished[1:]] and steps[-1] < steps[1] == 400, (steps, unfinished)
 
 
 def test_the_state_of_every_step_is_gathered_into_the_same_memory(folders, generated):
@@ -527,6 +566,9 @@ def test_int8_multiplies_in_int8_with_7_bit_weights(family, folders, generation_
         # only RNNsearch's v_a, as an (n', 1) matrix: rounding its input cost more than the int8 product saved
         assert all(w.shape[1:] == (1,) for w in float32), name
         assert len(float32) == (family == "rnnsearch" and name == "decoder_step.onnx"), (name, len(float32))
+        # nor a weight the graph transposes (the output projection tied to the embeddings)
+        computed = {o for n in graph.node if n.input and all(i in weights for i in n.input) for o in n.output}
+        assert not [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in computed], name
         int8 = [weights[n.input[1]] for n in graph.node if n.op_type == "MatMulInteger"]
         # |w| <= 64: a pair of u8 x s8 products, 2 * 255 * 64, fits the 16 bits a CPU without VNNI sums in;
         # 2-D: quantized after the rewrites, RNNsearch's v_a is an (n', 1) matrix, not onnxruntime's slow vector
