@@ -101,10 +101,12 @@ def _left_padded(rows, pad):
 
 
 def test_top_k_is_the_stable_argsorts_first_k():
-    """The runtime's linear-time candidates against a full stable sort, on rows full of ties, of
-    -inf, and with fewer finite values than k."""
+    """The runtime's one-pass candidates against a full stable sort, on rows full of ties, of
+    -inf, and with fewer finite values than k; with too few column groups to skip any (40, 9, 8
+    columns), with groups (129 of 32 values: a beam of 4 over 1032 words) and with a last group
+    padded (300, 1000)."""
     rng = np.random.default_rng(0)
-    for shape, k in (((6, 40), 8), ((3, 9), 8), ((4, 1000), 1), ((2, 8), 8)):
+    for shape, k in (((6, 40), 8), ((3, 9), 8), ((4, 1000), 1), ((2, 8), 8), ((5, 4128), 8), ((4, 300), 8)):
         x = rng.integers(-3, 3, size=shape).astype(np.float32)
         x[0] = -np.inf
         x[1, 3:] = -np.inf
