@@ -175,6 +175,7 @@ class Translator:
         bsz, src_len = src.shape
         # one row per sentence until the first step has run: every hypothesis of a beam starts
         # the same, so the first step runs once per sentence, and its reorder expands the state
+        # (the encoder's too, which later reorders leave alone)
         state = dict(zip(self.names, self.encoder.run(None, {"src_tokens": src})))
         tokens = np.full((bsz * beam, max_len + 2), self.pad, dtype=np.int64)
         tokens[:, 0] = self.eos

@@ -113,6 +113,18 @@ def test_top_k_is_the_stable_argsorts_first_k():
         np.testing.assert_array_equal(top_k(x, k), np.argsort(-x, axis=1, kind="stable")[:, :k])
 
 
+def test_top_k_partitions_the_group_maxima_not_every_value(monkeypatch):
+    """What top_k's speed rests on: for a beam of 4 over 1032 words it partitions 129 group maxima
+    per row, not 4128 values (a full partition took 10% of the cpu preset's int8 decoding), and
+    copies nothing to pad a width that the groups divide."""
+    widths, partition, full = [], np.partition, np.full
+    monkeypatch.setattr(np, "partition", lambda a, *args, **kwargs: widths.append(a.shape[1]) or partition(a, *args, **kwargs))
+    monkeypatch.setattr(np, "full", lambda *args, **kwargs: widths.append("padded") or full(*args, **kwargs))
+    x = np.random.default_rng(0).standard_normal((32, 4128)).astype(np.float32)
+    np.testing.assert_array_equal(top_k(x, 8), np.argsort(-x, axis=1, kind="stable")[:, :8])
+    assert widths == [129], widths
+
+
 def test_the_step_graph_leaves_out_the_encoders_state_and_vector_matmuls(folders):
     """What the runtime's speed rests on (docs/ONNX.md): RNNsearch's step returns only the decoder
     state ``s`` (not the annotations it reads) and has no MatMul by a 1-D weight (v_a); the
