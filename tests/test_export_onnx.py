@@ -107,10 +107,11 @@ def test_top_k_is_the_stable_argsorts_first_k():
     padded (300, 1000)."""
     rng = np.random.default_rng(0)
     for shape, k in (((6, 40), 8), ((3, 9), 8), ((4, 1000), 1), ((2, 8), 8), ((5, 4128), 8), ((4, 300), 8)):
-        x = rng.integers(-3, 3, size=shape).astype(np.float32)
-        x[0] = -np.inf
-        x[1, 3:] = -np.inf
-        np.testing.assert_array_equal(top_k(x, k), np.argsort(-x, axis=1, kind="stable")[:, :k])
+        for x in (rng.integers(-3, 3, size=shape).astype(np.float32),  # ties everywhere
+                  rng.standard_normal(shape).astype(np.float32)):  # group maxima that differ
+            x[0] = -np.inf
+            x[1, 3:] = -np.inf
+            np.testing.assert_array_equal(top_k(x, k), np.argsort(-x, axis=1, kind="stable")[:, :k])
 
 
 def test_top_k_partitions_the_group_maxima_not_every_value(monkeypatch):
@@ -382,6 +383,21 @@ def test_the_state_of_every_step_is_gathered_into_the_same_memory(folders, gener
     gathered = inputs[1:]  # the first step reads the encoder's expansion
     fresh = sum(not np.shares_memory(a, b) for a, b in zip(gathered, gathered[1:]))
     assert len(gathered) >= 5 and fresh <= math.log2(len(gathered)) + 1, (fresh, len(gathered))
+
+
+def test_the_encoders_state_is_expanded_once_and_then_left_alone(folders, generated):
+    """RNNsearch's step reads the encoder's state (annotations, U_a h_j, mask) without returning it:
+    the first step reads it once per sentence, the second its expansion into beams, and every later
+    step that same array while no sentence leaves the batch (one sentence: none leaves), not a copy
+    per step (copying it out took 19% of the CPU time, docs/ONNX.md#speed)."""
+    expected = generated["rnnsearch"]
+    translator = Translator(folders["rnnsearch"])
+    name = sorted(translator.constant)[0]
+    inputs, run_step = [], translator._run_step
+    translator._run_step = lambda prev, state: inputs.append(state[name]) or run_step(prev, state)
+    translator.translate([expected[0][0].split()], beam=4)
+    assert len(inputs) >= 3 and len(inputs[0]) == 1 and len(inputs[1]) == 4, [len(a) for a in inputs]
+    assert all(a is inputs[1] for a in inputs[2:])
 
 
 def test_row_buffers_gather_as_indexing_does_and_never_write_what_they_read():
