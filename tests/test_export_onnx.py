@@ -349,6 +349,13 @@ def test_nbest_lenpen_and_max_len_equal_fairseq_generate(family, folders, genera
         Translator(os.path.dirname(folders[family]))
 
 
+def _recorded_steps(translator, seen):
+    """A list that gets ``seen(prev_token, state)`` of every step the translator runs from now on."""
+    recorded, run_step = [], translator._run_step
+    translator._run_step = lambda prev, state: recorded.append(seen(prev, state)) or run_step(prev, state)
+    return recorded
+
+
 def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, generated):
     """fairseq's loop ends once each sentence has `beam` finished hypotheses: in one batch of 100,
     with every hypothesis returned (n_best = beam), the steps run are the longest one's tokens
@@ -356,8 +363,7 @@ def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, 
     expansion after the first step: 5% of the rows of the converged models' test set)."""
     expected = generated["vaswani_transformer"]
     translator = Translator(folders["vaswani_transformer"])
-    steps, run_step = [], translator._run_step
-    translator._run_step = lambda prev, state: steps.append(len(prev)) or run_step(prev, state)
+    steps = _recorded_steps(translator, lambda prev, state: len(prev))
     results = translator.translate([expected[i][0].split() for i in sorted(expected)], n_best=4, batch_size=100)
     longest = max(len(h.ids) for hypos in results for h in hypos)
     assert len(steps) == longest < MAX_LEN, (len(steps), longest)
@@ -377,8 +383,7 @@ def test_the_state_of_every_step_is_gathered_into_the_same_memory(folders, gener
     expected = generated["vaswani_transformer"]
     translator = Translator(folders["vaswani_transformer"])
     name = translator.carried[0]
-    inputs, run_step = [], translator._run_step  # every step's input, kept alive: no address is reused
-    translator._run_step = lambda prev, state: inputs.append(state[name]) or run_step(prev, state)
+    inputs = _recorded_steps(translator, lambda prev, state: state[name])  # kept alive: no address is reused
     translator.translate([expected[i][0].split() for i in sorted(expected)], batch_size=100)
     gathered = inputs[1:]  # the first step reads the encoder's expansion
     fresh = sum(not np.shares_memory(a, b) for a, b in zip(gathered, gathered[1:]))
@@ -393,8 +398,7 @@ def test_the_encoders_state_is_expanded_once_and_then_left_alone(folders, genera
     expected = generated["rnnsearch"]
     translator = Translator(folders["rnnsearch"])
     name = sorted(translator.constant)[0]
-    inputs, run_step = [], translator._run_step
-    translator._run_step = lambda prev, state: inputs.append(state[name]) or run_step(prev, state)
+    inputs = _recorded_steps(translator, lambda prev, state: state[name])
     translator.translate([expected[0][0].split()], beam=4)
     assert len(inputs) >= 3 and len(inputs[0]) == 1 and len(inputs[1]) == 4, [len(a) for a in inputs]
     assert all(a is inputs[1] for a in inputs[2:])
