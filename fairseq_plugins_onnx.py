@@ -27,6 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 CONFIG = "config.json"
+VERSION = 2  # of the folder's interface: 2, the step's state in beams (``state_kinds``)
 # onnxruntime's graph rewrites left out: its fused SkipLayerNormalization (Add + LayerNormalization)
 # took 7x as long as the two ops on a CPU (onnxruntime 1.32, 128 rows of 256; docs/ONNX.md)
 DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
@@ -47,7 +48,11 @@ def read_config(folder: str) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder}: no {CONFIG}; not a folder written by fairseq-plugins-export-onnx")
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        config = json.load(f)
+    if config.get("version") != VERSION:
+        raise ValueError(f"{path}: version {config.get('version')}, this runtime reads version {VERSION}; "
+                         f"export the checkpoint again, or use the fairseq_plugins_onnx.py in the folder")
+    return config
 
 
 def top_k(x: np.ndarray, k: int) -> np.ndarray:
@@ -114,11 +119,9 @@ class Translator:
             ort.InferenceSession(os.path.join(folder, name), options, providers=["CPUExecutionProvider"],
                                  disabled_optimizers=DISABLED_OPTIMIZERS)
             for name in ("encoder.onnx", "decoder_step.onnx"))
-        self.names = self.config["state"]
-        # per-sentence state (encoder outputs) the step reads but does not return: the same in
-        # every beam row of a sentence, so it only follows the sentences that stay in the batch
-        self.constant = set(self.config.get("constant_state", []))
-        self.carried = [name for name in self.names if name not in self.constant]
+        self.names, self.kinds = self.config["state"], self.config["state_kinds"]
+        # the step returns every state tensor but the sentences' (the encoder's), which it only reads
+        self.carried = [name for name in self.names if self.kinds[name] != "sentences"]
         self.source_vocabulary, self.target_vocabulary = (
             self._vocabulary(self.config["vocabularies"][side]) for side in ("source", "target"))
         self.source_index = {symbol: i for i, symbol in reversed(list(enumerate(self.source_vocabulary)))}
@@ -164,7 +167,8 @@ class Translator:
                           h["positional_scores"], attention)
 
     def _run_step(self, prev: np.ndarray, state: dict):
-        """(log-probabilities, the new state, the attention row or None); ``state``: name -> tensor."""
+        """(log-probabilities, the new state, the attention row or None); ``prev`` [R, G],
+        ``state``: name -> tensor."""
         outputs = self.step.run(None, {"prev_token": prev, **state})
         n = len(self.carried)
         state = {**state, **dict(zip(self.carried, outputs[1:1 + n]))}
@@ -173,9 +177,8 @@ class Translator:
     def _beam_search(self, src: np.ndarray, beam: int, lenpen: float, max_len: int,
                      buffers: RowBuffers) -> List[List[dict]]:
         bsz, src_len = src.shape
-        # one row per sentence until the first step has run: every hypothesis of a beam starts
-        # the same, so the first step runs once per sentence, and its reorder expands the state
-        # (the encoder's too, which later reorders leave alone)
+        # the state is in beams (docs/ONNX.md): G = 1 until the first step has run, every
+        # hypothesis of a beam starting the same; the first reorder makes beams of G = beam
         state = dict(zip(self.names, self.encoder.run(None, {"src_tokens": src})))
         tokens = np.full((bsz * beam, max_len + 2), self.pad, dtype=np.int64)
         tokens[:, 0] = self.eos
@@ -186,14 +189,12 @@ class Translator:
         sentences = np.arange(bsz)  # the sentence of each row group still in the batch
         cands_to_ignore = np.zeros((bsz, beam), dtype=bool)
         cand_size = 2 * beam
-        reorder = kept_rows = None
+        reorder = kept = None
         for step in range(max_len + 1):
             if reorder is not None:
-                state = {name: buffers.take(name, s, reorder) if name in self.carried or step == 1
-                         else s if kept_rows is None else buffers.take(name, s, kept_rows)
-                         for name, s in state.items()}
-            lprobs, state, step_attn = self._run_step(
-                tokens[::beam, :1].copy() if step == 0 else tokens[:, step:step + 1], state)
+                state = self._reorder(state, reorder, kept, beam, step == 1, buffers)
+            prev = tokens[::beam, :1].copy() if step == 0 else tokens[:, step].reshape(bsz, beam)
+            lprobs, state, step_attn = self._run_step(prev, state)
             if step == 0 and step_attn is not None:  # a row per hypothesis
                 step_attn = step_attn.repeat(beam, axis=0)
             lprobs = np.where(np.isnan(lprobs), -np.inf, lprobs).astype(np.float32)
@@ -226,7 +227,7 @@ class Translator:
                                            max_len)
             if all(finished):
                 break
-            kept = kept_rows = None
+            kept = None
             if done_rows:  # finished sentences leave the batch
                 kept = np.array([r for r in range(bsz) if r not in set(done_rows)])
                 bsz = len(kept)
@@ -249,13 +250,33 @@ class Translator:
             scores.reshape(bsz, beam, -1)[:, :, step] = np.take_along_axis(cand_scores, active_hypos, axis=1)
             if attn is not None:
                 attn[:, :, :step + 2] = attn[active_bbsz_idx, :, :step + 2]
-            # the state rows are still those before the finished sentences left, one per
+            # the state's rows are still those before the finished sentences left, one per
             # sentence after the first step
             reorder = active_bbsz_idx if kept is None else (kept[active_bbsz_idx // beam] * beam
                                                             + active_bbsz_idx % beam)
             if step == 0:
                 reorder = reorder // beam
         return [sorted(hypos, key=lambda h: -h["score"]) for hypos in finalized]
+
+    def _reorder(self, state: dict, rows: np.ndarray, beams: Optional[np.ndarray], beam: int, first: bool,
+                 buffers: RowBuffers) -> dict:
+        """The state of the next step, in beams of ``beam``: hypothesis n (of the R·G, beam-major)
+        continues old hypothesis ``rows[n]``, so the ``rows`` and ``slots`` take those; the
+        ``sentences`` and ``entries`` stay where they are, but for the beams that go on (``beams``,
+        None: all), and after the ``first`` step each beam's one hypothesis has ``beam`` entry
+        slots, copies of its one. Nothing per step grows with the target length (the entries'
+        reorder was 10% of the cpu-preset Transformer's int8 decoding, docs/ONNX.md)."""
+        out = {}
+        for name, tensor in state.items():
+            kind = self.kinds[name]
+            if kind in ("rows", "slots"):  # [R, G, ...]
+                flat = tensor.reshape((tensor.shape[0] * tensor.shape[1],) + tensor.shape[2:])
+                out[name] = buffers.take(name, flat, rows).reshape((len(rows) // beam, beam) + tensor.shape[2:])
+                continue
+            if beams is not None:
+                tensor = buffers.take(name, tensor, beams)
+            out[name] = np.repeat(tensor, beam, axis=3) if first and kind == "entries" else tensor
+        return out
 
     def _finalize(self, step, bbsz_idx, eos_scores, tokens, scores, attn, finalized, finished, sentences,
                   beam, lenpen, max_len) -> List[int]:

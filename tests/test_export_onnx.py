@@ -133,7 +133,7 @@ def test_the_step_graph_leaves_out_the_encoders_state_and_vector_matmuls(folders
     import onnx
 
     graph = onnx.load(os.path.join(folders["rnnsearch"], "decoder_step.onnx")).graph
-    assert [o.name for o in graph.output] == ["log_probs", "next.s", "attention"]
+    assert [o.name for o in graph.output] == ["log_probs", "next.s", "next.slots", "attention"]
     vectors = {i.name for i in graph.initializer if len(i.dims) == 1}
     matmuls = [n for n in graph.node if n.op_type == "MatMul"]
     assert matmuls and not any(n.input[1] in vectors for n in matmuls)
@@ -363,7 +363,7 @@ def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, 
     expansion after the first step: 5% of the rows of the converged models' test set)."""
     expected = generated["vaswani_transformer"]
     translator = Translator(folders["vaswani_transformer"])
-    steps = _recorded_steps(translator, lambda prev, state: len(prev))
+    steps = _recorded_steps(translator, lambda prev, state: prev.size)  # prev: [R, G]
     results = translator.translate([expected[i][0].split() for i in sorted(expected)], n_best=4, batch_size=100)
     longest = max(len(h.ids) for hypos in results for h in hypos)
     assert len(steps) == longest < MAX_LEN, (len(steps), longest)
@@ -377,12 +377,12 @@ def test_decoding_stops_when_every_sentence_has_its_beam_of_hypotheses(folders, 
 def test_the_state_of_every_step_is_gathered_into_the_same_memory(folders, generated):
     """Between steps the runtime gathers the rows that go on into memory it keeps for the
     translation (RowBuffers), not into a fresh array per step: fresh arrays cost a fresh process
-    15% of its CPU time (docs/ONNX.md#speed). The self-attention state of consecutive steps shares
-    memory except where its buffer grows (about log2(steps) times), and the hypotheses stay fairseq's
+    15% of its CPU time (docs/ONNX.md#speed). The slots of consecutive steps share memory except
+    where their buffer grows (about log2(steps) times), and the hypotheses stay fairseq's
     (test_beam_search_equals_fairseq_generate)."""
     expected = generated["vaswani_transformer"]
     translator = Translator(folders["vaswani_transformer"])
-    name = translator.carried[0]
+    name = "slots"
     inputs = _recorded_steps(translator, lambda prev, state: state[name])  # kept alive: no address is reused
     translator.translate([expected[i][0].split() for i in sorted(expected)], batch_size=100)
     gathered = inputs[1:]  # the first step reads the encoder's expansion
@@ -390,18 +390,43 @@ def test_the_state_of_every_step_is_gathered_into_the_same_memory(folders, gener
     assert len(gathered) >= 5 and fresh <= math.log2(len(gathered)) + 1, (fresh, len(gathered))
 
 
-def test_the_encoders_state_is_expanded_once_and_then_left_alone(folders, generated):
-    """RNNsearch's step reads the encoder's state (annotations, U_a h_j, mask) without returning it:
-    the first step reads it once per sentence, the second its expansion into beams, and every later
-    step that same array while no sentence leaves the batch (one sentence: none leaves), not a copy
-    per step (copying it out took 19% of the CPU time, docs/ONNX.md#speed)."""
-    expected = generated["rnnsearch"]
-    translator = Translator(folders["rnnsearch"])
-    name = sorted(translator.constant)[0]
+@pytest.mark.parametrize("family", ["rnnsearch", "vaswani_transformer"])
+def test_the_encoders_state_is_read_once_per_sentence_and_never_copied(family, folders, generated):
+    """The step reads the encoder's state (RNNsearch's annotations, U_a h_j, mask; the Transformer's
+    keys and values) without returning it, one row per sentence, which its beam's G hypotheses read
+    together: every step reads the encoder's own array while no sentence leaves the batch (one
+    sentence: none leaves), neither expanded into beams nor copied per step (copying it out took 19%
+    of RNNsearch's CPU time, docs/ONNX.md#speed)."""
+    expected = generated[family]
+    translator = Translator(folders[family])
+    name = next(name for name in translator.names if translator.kinds[name] == "sentences")
     inputs = _recorded_steps(translator, lambda prev, state: state[name])
     translator.translate([expected[0][0].split()], beam=4)
-    assert len(inputs) >= 3 and len(inputs[0]) == 1 and len(inputs[1]) == 4, [len(a) for a in inputs]
-    assert all(a is inputs[1] for a in inputs[2:])
+    assert len(inputs) >= 3 and all(a is inputs[0] and len(a) == 1 for a in inputs), [len(a) for a in inputs]
+
+
+def test_the_self_attention_entries_are_written_once_and_never_reordered(folders, generated):
+    """The Transformer's self-attention keys and values stay in the slot of the hypothesis that
+    wrote them, [R, h, t, G, d_k]; a reorder moves only the slots [R, G, t] that say whose entries
+    each hypothesis reads: every step from the third reads the very array the step before returned
+    while no sentence leaves (gathering them took 10% of the cpu-preset Transformer's int8
+    decoding). The second reads the first's one entry per sentence copied into the beam's G slots."""
+    expected = generated["vaswani_transformer"]
+    translator = Translator(folders["vaswani_transformer"])
+    name = next(name for name in translator.names if translator.kinds[name] == "entries")
+    calls, run_step = [], translator._run_step  # (read, returned) of every step
+
+    def step(prev, state):
+        out = run_step(prev, state)
+        calls.append((state[name], out[1][name]))
+        return out
+
+    translator._run_step = step
+    translator.translate([expected[0][0].split()], beam=4)
+    assert len(calls) >= 4
+    first, second = calls[0][1], calls[1][0]
+    assert first.shape[2:4] == (1, 1) and np.array_equal(second, np.repeat(first, 4, axis=3))
+    assert all(read is calls[t - 1][1] for t, (read, _) in enumerate(calls) if t >= 2)
 
 
 def test_row_buffers_gather_as_indexing_does_and_never_write_what_they_read():

@@ -10,7 +10,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 import fairseq_plugins  # noqa: F401  (registers the models)
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.export.torch_export import export_encoder, export_model, state_names
+from fairseq_plugins.export.torch_export import expand_beams, export_encoder, export_model, state_kinds, state_names
 from fairseq_plugins.modules.beam_cache import BeamCache
 
 DICT = Dictionary()
@@ -60,8 +60,9 @@ def test_exported_encoder_and_decoder_step_equal_eager_decoding(arch):
             state = encoder.module()(src)
             eager_state = BeamCache.for_encoder_out(encoder_out)
             model.decoder.start_cache(encoder_out, eager_state)
-            for name, tensor in zip(names, state):
-                close(tensor, eager_state.get(name))
+            assert len(state) == len(names) and names[-1] == "slots"
+            for tensor, expected in zip(state, eager_state.state()):  # rows [B, 1, ...], slots [B, 1, 0]
+                close(tensor, expected)
             incremental_state, prev = {}, torch.full((len(lengths), 1), DICT.eos())
             for _ in range(6):  # greedy decoding, the eager decoder as fairseq's generator drives it
                 logits, _ = model.decoder(prev, encoder_out, incremental_state=incremental_state)
@@ -81,7 +82,7 @@ def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
     assert state_names(model) == ["layers.0.encoder_attn.k", "layers.0.encoder_attn.v",
                                   "layers.1.encoder_attn.k", "layers.1.encoder_attn.v",
                                   "layers.0.self_attn.k", "layers.0.self_attn.v",
-                                  "layers.1.self_attn.k", "layers.1.self_attn.v", "encoder_padding_mask"]
+                                  "layers.1.self_attn.k", "layers.1.self_attn.v", "encoder_padding_mask", "slots"]
     for lengths, seed, beam in (((9, 4, 6), 3, 2), ((5,), 4, 3)):
         src, g = batch(lengths, seed), torch.Generator().manual_seed(seed)
         rows = torch.arange(len(lengths)).repeat_interleave(beam)
@@ -101,15 +102,48 @@ def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
                 expected = model.get_normalized_probs((logits[:, -1:], None), log_probs=True)[:, 0]
                 log_probs, *state = step.module()(prev[:, -1:], *state)
                 close(log_probs, expected)
-                keys = state[4]  # layer 0's self-attention keys: [B, h, t + 1, d_k]
-                assert (keys.size(0), keys.size(2)) == (prev.size(0), t + 1)
+                keys = state[4]  # layer 0's self-attention keys: [B, h, t + 1, G = 1, d_k]
+                assert (keys.size(0), keys.size(2), keys.size(3)) == (prev.size(0), t + 1, 1)
                 prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
 
 
-def test_the_concatenating_layout_refuses_beams():
-    """Its entries are [N, h, t, d_k], one row per hypothesis: a beam size above 1 is a clear error."""
-    with pytest.raises(ValueError, match="beam_size 1\\), got 4"):
-        BeamCache(8, 4, concatenate=True)
+@pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny"])
+def test_exported_step_in_beams_equals_eager_beam_decoding(arch):
+    """``export_model(beams=True)``: the state in beams of a dynamic G, searched outside as the
+    module's doc says (the rows and slots follow each hypothesis's parent within its beam, the
+    entries and the encoder's state stay, whole beams leave when their sentence finishes),
+    against the eager decoder as fairseq's beam search drives it; batch, beam and lengths other
+    than the traced ones (torch's own checks want R and G above 1; the ONNX graphs run any)."""
+    model = build(arch)
+    encoder, step = export_model(model, beams=True)
+    kinds = {**state_kinds(model), "slots": "slots"}
+    for lengths, seed, beam in (((9, 4, 6), 3, 2), ((5, 8, 7), 4, 5)):
+        src, g = batch(lengths, seed), torch.Generator().manual_seed(seed)
+        rows = torch.arange(len(lengths)).repeat_interleave(beam)
+        with torch.no_grad():
+            state = expand_beams(state_kinds(model), encoder.module()(src), beam)
+            encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), rows)
+            incremental_state, prev = {}, torch.full((rows.numel(), 1), DICT.eos())
+            for t in range(7):
+                if t > 0:  # beam search's reorder: within each beam; at t = 4 the first sentence finished
+                    n = prev.size(0)
+                    order = torch.randint(0, beam, (n,), generator=g) + torch.arange(n) // beam * beam
+                    beams = torch.arange(n // beam)
+                    if t == 4:
+                        order, beams = order[beam:], beams[1:]
+                    model.decoder.reorder_incremental_state(incremental_state, order)
+                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+                    state = [tensor.flatten(0, 1).index_select(0, order).unflatten(0, (-1, beam))
+                             if kind in ("rows", "slots") else tensor.index_select(0, beams)
+                             for tensor, kind in zip(state, kinds.values())]
+                    prev = prev[order]
+                logits, _ = model.decoder(prev, encoder_out, incremental_state=incremental_state)
+                expected = model.get_normalized_probs((logits[:, -1:], None), log_probs=True)[:, 0]
+                log_probs, *state = step.module()(prev[:, -1].view(-1, beam), *state)
+                close(log_probs, expected)
+                # random tokens: a beam's hypotheses differ, so reading another's entries shows
+                tokens = torch.randint(DICT.nspecial, len(DICT), (prev.size(0), 1), generator=g)
+                prev = torch.cat([prev, tokens], dim=1)
 
 
 def test_exported_transformer_encoder_equals_eager():

@@ -70,13 +70,13 @@ def write_graphs(model, out_dir: str) -> dict:
     """``encoder.onnx`` and ``decoder_step.onnx`` of ``model``; returns their interface for config.json."""
     import torch
 
-    from fairseq_plugins.export.torch_export import export_model, state_kinds
+    from fairseq_plugins.export.torch_export import SLOTS, export_model, state_kinds
 
     for name in ("onnx_ir", "onnxscript", "torch.onnx"):  # a line per graph pass at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
-    kinds = state_kinds(model)
+    kinds = {**state_kinds(model), SLOTS: "slots"}
     names = list(kinds)
-    encoder, step = export_model(model, attention=True)
+    encoder, step = export_model(model, attention=True, beams=True)
     attention = len(step.graph_signature.user_outputs) == 2 + len(names)  # the families with attention
     step_outputs = ["log_probs", *(f"next.{name}" for name in names)] + (["attention"] if attention else [])
     for program, path, inputs, outputs in (
@@ -87,7 +87,7 @@ def write_graphs(model, out_dir: str) -> dict:
                               output_names=outputs, external_data=False, verbose=False)
     constant = [name for name, kind in kinds.items() if kind == "sentences"]
     _drop_outputs(os.path.join(out_dir, "decoder_step.onnx"), [f"next.{name}" for name in constant])
-    return {"state": names, "constant_state": constant, "attention": attention}
+    return {"state": names, "state_kinds": kinds, "attention": attention}
 
 
 def _drop_outputs(path: str, names) -> None:
@@ -262,7 +262,7 @@ def export(checkpoint: str, out_dir: str, data: Optional[str] = None, force: boo
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     bpe = "subword_nmt" if bpe_codes else "sentencepiece" if sentencepiece_model else None
     config = {
-        "format": "fairseq-plugins-onnx", "version": 1, "family": family, "arch": arch,
+        "format": "fairseq-plugins-onnx", "version": fairseq_plugins_onnx.VERSION, "family": family, "arch": arch,
         "special": {"bos": src_dict.bos(), "pad": src_dict.pad(), "eos": src_dict.eos(), "unk": src_dict.unk()},
         "vocabularies": {"source": "source_vocabulary.json", "target": "target_vocabulary.json"},
         "beam": beam, "lenpen": lenpen, "max_len_b": max_len_b,

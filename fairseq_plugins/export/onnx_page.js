@@ -87,13 +87,33 @@ class Bpe {
   }
 }
 
-// A state tensor's rows in a new order (beam search's reorder).
-function takeRows(tensor, rows) {
-  const n = tensor.dims[0];
-  const per = n === 0 ? 0 : tensor.data.length / n;
+// The state is in beams (docs/ONNX.md): rows [R, G, ...] and slots [R, G, t] hold one row per
+// hypothesis, beam-major; the encoder's tensors [R, ...] and the self-attention entries
+// [R, h, t, G, d_k] stay where they are. The page translates one sentence: R = 1.
+
+// A [R, G, ...] tensor's hypotheses in a new order (beam search's reorder), in beams of `beam`.
+function takeHypotheses(tensor, rows, beam) {
+  const [r, g, ...rest] = tensor.dims;
+  const per = tensor.data.length / (r * g);
   const data = new tensor.data.constructor(rows.length * per);
-  rows.forEach((r, k) => data.set(tensor.data.subarray(r * per, (r + 1) * per), k * per));
-  return new ort.Tensor(tensor.type, data, [rows.length, ...tensor.dims.slice(1)]);
+  rows.forEach((row, k) => data.set(tensor.data.subarray(row * per, (row + 1) * per), k * per));
+  return new ort.Tensor(tensor.type, data, [rows.length / beam, beam, ...rest]);
+}
+
+// Entries [R, h, t, 1, d_k] of one hypothesis per beam as `beam` copies: [R, h, t, beam, d_k].
+function repeatEntries(tensor, beam) {
+  const [r, h, t, , d] = tensor.dims;
+  const data = new tensor.data.constructor(tensor.data.length * beam);
+  for (let block = 0; block < r * h * t; block++) {
+    for (let g = 0; g < beam; g++) data.set(tensor.data.subarray(block * d, (block + 1) * d), (block * beam + g) * d);
+  }
+  return new ort.Tensor(tensor.type, data, [r, h, t, beam, d]);
+}
+
+// The encoder's state (G = 1) as beams of `beam` copies, before the first step.
+function expandBeams(tensor, kind, beam) {
+  if (kind === "entries") return repeatEntries(tensor, beam);
+  return kind === "sentences" ? tensor : takeHypotheses(tensor, new Array(beam).fill(0), beam);
 }
 
 class Translator {
@@ -139,23 +159,23 @@ class Translator {
   async beamSearch(ids, beam) {
     const { eos, pad } = this.config.special;
     const names = this.config.state;
-    // the encoder's state: read by every step, returned by none, the same in every beam row
-    const constant = new Set(this.config.constant_state || []);
+    const kinds = this.config.state_kinds;
     const lenpen = this.config.lenpen;
     const maxLen = Math.min(this.config.max_len_b, this.config.max_target_positions - 1);
     const src = new ort.Tensor("int64", BigInt64Array.from(ids.map(BigInt)), [1, ids.length]);
     const encoded = await this.encoder.run({ src_tokens: src });
-    let state = names.map((name) => takeRows(encoded[name], new Array(beam).fill(0)));
+    let state = names.map((name) => expandBeams(encoded[name], kinds[name], beam));
     let hyps = Array.from({ length: beam }, () => ({ tokens: [], scores: [], attention: [] }));
     const finalized = [];
     let ignore = new Array(beam).fill(false);
     const candSize = 2 * beam;
     for (let step = 0; step <= maxLen; step++) {
       const prev = hyps.map((h) => BigInt(step === 0 ? eos : h.tokens[step - 1]));
-      const feeds = { prev_token: new ort.Tensor("int64", BigInt64Array.from(prev), [beam, 1]) };
+      const feeds = { prev_token: new ort.Tensor("int64", BigInt64Array.from(prev), [1, beam]) };
       names.forEach((name, k) => { feeds[name] = state[k]; });
       const out = await this.step.run(feeds);
-      state = names.map((name, k) => (constant.has(name) ? state[k] : out[`next.${name}`]));
+      // the step returns every state tensor but the encoder's, which it only reads
+      state = names.map((name, k) => (kinds[name] === "sentences" ? state[k] : out[`next.${name}`]));
       const lprobs = out.log_probs.data;
       const vocab = out.log_probs.dims[1];
       const attention = this.config.attention ? out.attention.data : null;
@@ -209,7 +229,8 @@ class Translator {
           attention: attention ? [...h.attention.slice(0, step), rowAttention(c.beam)] : [],
         };
       });
-      state = state.map((tensor, k) => (constant.has(names[k]) ? tensor : takeRows(tensor, order)));
+      const moves = (kind) => kind === "rows" || kind === "slots";
+      state = state.map((tensor, k) => (moves(kinds[names[k]]) ? takeHypotheses(tensor, order, beam) : tensor));
     }
     return finalized.sort((x, y) => y.score - x.score);
   }

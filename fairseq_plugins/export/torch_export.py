@@ -5,30 +5,38 @@
     log_probs, *state = step.module()(prev_token, *state)
 
 The encoder program maps left-padded ``src_tokens`` [B, S] to the decoder's initial state; the
-step program takes the previous target token [B, 1] and that state and returns the next
-token's log-probabilities [B, V] and the new state (with ``export_model(model, attention=True)``,
-last, the step's attention over the source [B, S] as ``extra["attn"]`` gives it: RNNsearch's α,
-the Transformer's alignment layer averaged over heads; the families without attention return
-none), so any search (greedy, beam: reorder the
-state rows with ``index_select``) runs outside. Batch and source length are dynamic
-(``torch.export.Dim``). Both programs are the eager models' own code: the recurrent encoders
-run as one ``scan`` over time whenever autograd is off (``modules/recurrence.py``).
+step program takes each hypothesis's previous target token, beam-major [R, G], and that state,
+and returns the next token's log-probabilities [R·G, V] and the new state (with
+``export_model(model, attention=True)``, last, the step's attention over the source [R·G, S] as
+``extra["attn"]`` gives it: RNNsearch's α, the Transformer's alignment layer averaged over heads;
+the families without attention return none), so any search (greedy, beam) runs outside. Batch,
+beam size, source and target lengths are dynamic (``torch.export.Dim``). Both programs are the
+eager models' own code: the recurrent encoders run as one ``scan`` over time whenever autograd
+is off (``modules/recurrence.py``).
 
-The state is the decoder's :class:`~fairseq_plugins.modules.beam_cache.BeamCache` flattened
-into tensors, in the order :func:`state_names` gives: ``rnnsearch`` ``s``, ``h``, ``U_a_h``,
-``padding_mask``; ``rnnencdec`` ``s``, ``c``; ``seq2seq_lstm`` ``h``, ``c`` (per layer);
-``vaswani_transformer`` every layer's encoder–decoder keys and values [B, h, S, d_k]
-(``layers.i.encoder_attn.k``, ``.v``), every layer's self-attention keys and values so far
-[B, h, t, d_k] (``layers.i.self_attn.k``, ``.v``; t = 0 after the encoder) and the source
-padding mask [B, S]. Every state tensor is batch-first. The programs run the decoder's
-own ``start_cache`` and decoding step on a BeamCache in its concatenating layout (self-attention
-entries grow by concatenation, which ``torch.export`` traces for any target length; eagerly they
-are written in place), made by ``BeamCache.from_state`` and read by ``state()``. Which dimensions are dynamic (batch, source length, target
-length, the latter two bounded by the Transformer's position tables) is found by running the
-programs on examples that differ in one of them. :func:`export_encoder` exports the
-Transformer's encoder alone.
+The state is the decoder's :class:`~fairseq_plugins.modules.beam_cache.BeamCache` in its
+concatenating layout, flattened into tensors in the order :func:`state_names` gives, R beams of
+G hypotheses (G = 1 after the encoder): ``rnnsearch`` ``s`` [R, G, n], ``h``, ``U_a_h``,
+``padding_mask`` (per sentence, [R, ...]); ``rnnencdec`` ``s``, ``c``; ``seq2seq_lstm`` ``h``,
+``c`` (per layer); ``vaswani_transformer`` every layer's encoder–decoder keys and values
+[R, h, S, d_k] (``layers.i.encoder_attn.k``, ``.v``), every layer's self-attention keys and
+values so far [R, h, t, G, d_k] (``layers.i.self_attn.k``, ``.v``; step j's entry of a beam's
+hypothesis g at [:, :, j, g]; t = 0 after the encoder) and the source padding mask [R, S]; last,
+for every family, ``slots`` [R, G, t], the hypothesis (within its beam) whose entry at each step
+each hypothesis reads. A search outside, like the ONNX runtime (``fairseq_plugins_onnx.py``):
+
+- after the first step, :func:`expand_beams` makes G copies of every sentence's hypothesis;
+- after each step, row g of a beam continuing row p: the ``rows`` tensors and ``slots`` take
+  row p (``index_select`` on the flattened R·G rows), nothing else moves;
+- when sentences finish, every tensor keeps the beams that go on (``index_select`` of dim 0).
+
+The programs run the decoder's own ``start_cache`` and decoding step on a BeamCache made by
+``BeamCache.from_state`` and read by ``state()``; its self-attention entries grow by
+concatenation, which ``torch.export`` traces for any target length. Which dimensions are dynamic
+is found by running the programs on examples that differ in one of them. :func:`export_encoder`
+exports the Transformer's encoder alone.
 """
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +48,8 @@ from fairseq_plugins.models.transformer import VaswaniTransformerDecoder, Vaswan
 from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, IncrementalState, put_cache
 
 TRACED_STEPS = 2  # decoding steps before the step is traced: a traced length of 0 or 1 would be specialised
+TRACED_BEAM = 3  # and the beam size it is traced with (1 would be specialised; 2 is the batch's size)
+SLOTS = "slots"  # the last state tensor's name
 
 
 def _example_source(dictionary, lengths=(7, 5)) -> Tensor:
@@ -73,11 +83,12 @@ class DecoderStepProgram(nn.Module):
         self.decoder, self.kinds, self.attention = model.decoder, kinds, attention
 
     def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
+        """prev_token [R, G]; ``state`` as :meth:`BeamCache.state` gives it."""
         cache = BeamCache.from_state(self.kinds, state)
         incremental_state: IncrementalState = {}
         put_cache(self.decoder, incremental_state, cache)
         # the decoder reads the newest token and, from the prefix length, its position (Transformer)
-        prefix = prev_token.expand(-1, cache.steps + 1)
+        prefix = prev_token.reshape(-1, 1).expand(-1, cache.steps + 1)
         logits, extra = self.decoder(prefix, None, incremental_state=incremental_state)
         log_probs = F.log_softmax(logits[:, -1].float(), dim=-1)  # as fairseq's get_normalized_probs
         return (log_probs,) + cache.state() + _attention(extra, self.attention)
@@ -102,34 +113,50 @@ def state_kinds(model) -> Dict[str, str]:
 
 def state_names(model) -> List[str]:
     """Names of the state tensors, in the order the programs take and return them."""
-    return list(state_kinds(model))
+    return [*state_kinds(model), SLOTS]
 
 
-def _example_state(model, kinds, lengths, steps):
-    """(prev_token, state after ``steps`` greedy steps) for sources of ``lengths``."""
+def expand_beams(kinds: Dict[str, str], state: Sequence[Tensor], beam: int) -> Tuple[Tensor, ...]:
+    """A state of one hypothesis per beam (G = 1) as beams of ``beam`` copies of it: the ``rows``,
+    ``entries`` and ``slots`` repeated along their G axis."""
+    axes = [{"rows": 1, "entries": 3}.get(kind) for kind in kinds.values()] + [1]  # slots: [R, G, t]
+    return tuple(t if axis is None else t.repeat_interleave(beam, dim=axis) for t, axis in zip(state, axes))
+
+
+def _example_state(model, kinds, lengths, steps, beam=TRACED_BEAM):
+    """(src_tokens, prev_token, state after ``steps`` greedy steps: the first with one hypothesis
+    per sentence, the others with ``beam``) for sources of ``lengths``."""
     encoder, step = EncoderProgram(model), DecoderStepProgram(model, kinds)
     src = _example_source(model.encoder.dictionary, lengths)
     state = encoder(src)
-    prev = torch.full((src.size(0), 1), model.decoder.dictionary.eos())
-    for _ in range(steps):
-        state = step(prev, *state)[1:]
-    return src, prev, state
+    for t in range(steps):
+        if t == 1:
+            state = expand_beams(kinds, state, beam)
+        state = step(_example_prev(model, state), *state)[1:]
+    return src, _example_prev(model, state), state
 
 
-def _dynamic_shapes(model, kinds, dims: Dict[str, Dim]):
-    """For each state tensor, its dimensions that change with the batch, the source length or
-    the number of steps, from examples that differ in one of them."""
-    base = _example_state(model, kinds, (7, 5), TRACED_STEPS)[2]
-    varied = {"batch": _example_state(model, kinds, (7, 5, 6), TRACED_STEPS)[2],
-              "src_len": _example_state(model, kinds, (9, 5), TRACED_STEPS)[2],
-              "tgt_len": _example_state(model, kinds, (7, 5), TRACED_STEPS + 1)[2]}
+def _example_prev(model, state) -> Tensor:
+    return torch.full(state[-1].shape[:2], model.decoder.dictionary.eos())  # [R, G]
+
+
+def _dynamic_shapes(model, kinds, dims: Dict[str, Dim], beam: int):
+    """For each state tensor, its dimensions that change with the batch, the beam size (if in
+    ``dims``), the source length or the number of steps, from examples that differ in one of them."""
+    base = _example_state(model, kinds, (7, 5), TRACED_STEPS, beam)[2]
+    varied = {"batch": _example_state(model, kinds, (7, 5, 6), TRACED_STEPS, beam)[2],
+              "src_len": _example_state(model, kinds, (9, 5), TRACED_STEPS, beam)[2],
+              "tgt_len": _example_state(model, kinds, (7, 5), TRACED_STEPS + 1, beam)[2]}
+    if "beam" in dims:
+        varied["beam"] = _example_state(model, kinds, (7, 5), TRACED_STEPS, beam + 1)[2]
     return tuple({d: dims[what] for what, other in varied.items() for d in range(t.dim()) if t.size(d) != other[i].size(d)}
                  for i, t in enumerate(base))
 
 
-def export_model(model, attention: bool = False) -> Tuple[ExportedProgram, ExportedProgram]:
+def export_model(model, attention: bool = False, beams: bool = False) -> Tuple[ExportedProgram, ExportedProgram]:
     """The encoder and decoder-step programs of a model of any family (put in eval mode); with
-    ``attention`` the step also returns its attention row (see the module's doc)."""
+    ``attention`` the step also returns its attention row; with ``beams`` its beam size G is
+    dynamic, otherwise 1 (see the module's doc)."""
     model.eval()
     kinds = state_kinds(model)
     # the Transformer's position tables bound its lengths (the step's position is t + 1)
@@ -137,12 +164,19 @@ def export_model(model, attention: bool = False) -> Tuple[ExportedProgram, Expor
     dims = {"batch": Dim("batch", min=1),
             "src_len": Dim("src_len", min=1, max=model.encoder.max_positions()) if bounded else Dim("src_len", min=1),
             "tgt_len": Dim("tgt_len", min=0, max=model.decoder.max_positions() - 1)}
+    if beams:
+        dims["beam"] = Dim("beam", min=1)
+    beam = TRACED_BEAM if beams else 1
     with torch.no_grad():
-        src, prev, state = _example_state(model, kinds, (7, 5), TRACED_STEPS)
+        src, prev, state = _example_state(model, kinds, (7, 5), TRACED_STEPS, beam)
         encoder = torch.export.export(EncoderProgram(model), (src,),
                                       dynamic_shapes=({0: dims["batch"], 1: dims["src_len"]},))
+        # with R and G both dynamic, torch's view rules check sizes of 1 (R·G = R?), which it
+        # traced as above 1: those checks run with the program, not when exporting
         step = torch.export.export(DecoderStepProgram(model, kinds, attention), (prev, *state),
-                                   dynamic_shapes=({0: dims["batch"]}, _dynamic_shapes(model, kinds, dims)))
+                                   dynamic_shapes=({0: dims["batch"], 1: dims.get("beam")},
+                                                   _dynamic_shapes(model, kinds, dims, beam)),
+                                   prefer_deferred_runtime_asserts_over_guards=beams)
     return encoder, step
 
 

@@ -21,9 +21,11 @@ A BeamCache holds three kinds of tensors, each by name:
     (0..G-1) of the hypothesis that wrote it; ``slots`` [R, G, t] says which slot holds each
     hypothesis's ancestor at each step, and :meth:`begin_step` turns it into the additive
     attention mask that makes every hypothesis read its own history;
-  - concatenation (``concatenate=True``, G = 1; the exported programs): [N, h, t, d_k], one
-    concatenation per step, which ``torch.export`` traces for any t. :meth:`state` and
-    :meth:`from_state` turn a cache into a program's tensors and back.
+  - concatenation (``concatenate=True``; the exported programs): [R, h, t, G, d_k], the same
+    without spare capacity, one concatenation per step, which ``torch.export`` traces for any t
+    and G (its code takes no branch on G). :meth:`state` and :meth:`from_state` turn a cache
+    into a program's tensors and back; a search outside reorders the rows and ``slots`` within
+    beams, and selects whole beams of everything when sentences finish, as :meth:`reorder` does.
 
 G is set once, when the cache is made, from the encoder output (:func:`reorder_encoder_out`
 records it when it expands every sentence into a beam). :meth:`reorder` takes the fast path for
@@ -109,10 +111,8 @@ class BeamCache:
 
     def __init__(self, rows: int, beam_size: int, device: Optional[torch.device] = None,
                  concatenate: bool = False):
-        if concatenate and beam_size != 1:
-            raise ValueError(f"the concatenating layout has one row per hypothesis (beam_size 1), got {beam_size}")
         self.beam_size = beam_size  # G
-        self.concatenate = concatenate  # entries grow by concatenation, [N, h, t, d_k]
+        self.concatenate = concatenate  # entries grow by concatenation, [R, h, t, G, d_k]
         self.tensors: Dict[str, Tensor] = {}
         self.kinds: Dict[str, str] = {}  # name -> one of KINDS; insertion order is the state's order
         self.slots = torch.empty(rows // beam_size, beam_size, 0, dtype=torch.long, device=device)  # [R, G, t]
@@ -129,18 +129,29 @@ class BeamCache:
     @classmethod
     def from_state(cls, kinds: Dict[str, str], state: Sequence[Tensor]) -> "BeamCache":
         """A concatenating cache holding ``state`` (tensors named and kinded by ``kinds``, in its
-        order, as :meth:`state` returns them): a program's inputs."""
-        cache = cls(state[0].size(0), 1, state[0].device, concatenate=True)
-        for (name, kind), tensor in zip(kinds.items(), state):
+        order, then ``slots``, as :meth:`state` returns them): a program's inputs."""
+        *tensors, slots = state
+        beams, beam_size, steps = slots.shape
+        cache = cls(beams * beam_size, beam_size, slots.device, concatenate=True)
+        cache.slots, cache._steps = slots, steps  # symbolic when exported
+        for (name, kind), tensor in zip(kinds.items(), tensors):
+            # every tensor's R (and G) are the slots': said to torch.export's tracer, which
+            # otherwise gives each input its own symbols and cannot simplify (R·G) / G
+            torch._check(tensor.size(0) == beams)
+            if kind != "sentences":
+                torch._check(tensor.size(1 if kind == "rows" else 3) == beam_size)
+            if kind == "rows":  # [R, G, ...] -> [N, ...]; a copy, whose strides the tracer can simplify
+                tensor = tensor.flatten(0, 1).clone()
             cache.tensors[name], cache.kinds[name] = tensor, kind
-        entries = cache.names("entries")
-        cache._steps = cache.tensors[entries[0]].size(2) if entries else 0  # symbolic when exported
         return cache
 
     def state(self) -> Tuple[Tensor, ...]:
-        """Every tensor as :meth:`get` reads it, in the state's order: for G = 1 (any layout) what
-        :meth:`from_state` takes back; a program's outputs."""
-        return tuple(self.get(name) for name in self.kinds)
+        """A concatenating cache's tensors, beam-major, in the state's order: ``rows`` [R, G, ...],
+        ``sentences`` [R, ...], ``entries`` [R, h, t, G, d_k], then ``slots`` [R, G, t]; what
+        :meth:`from_state` takes back, a program's outputs."""
+        beams = self.slots.size(0)
+        return tuple(self.tensors[name].unflatten(0, (beams, self.beam_size)) if kind == "rows"
+                     else self.tensors[name] for name, kind in self.kinds.items()) + (self.slots,)
 
     @property
     def steps(self) -> int:
@@ -164,9 +175,10 @@ class BeamCache:
         """A stored tensor; for ``entries`` those written so far, as attention reads them:
         [R, h, t·G, d_k], step-major and slot-minor along t·G."""
         tensor = self.tensors[name]
-        if self.kinds[name] == "entries" and not self.concatenate:
-            beams, heads, _, beam_size, d_k = tensor.shape
-            return tensor[:, :, :self._steps].reshape(beams, heads, self._steps * beam_size, d_k)
+        if self.kinds[name] == "entries":
+            beams, heads, _, _, d_k = tensor.shape
+            written = tensor if self.concatenate else tensor[:, :, :self._steps]
+            return written.reshape(beams, heads, -1, d_k)  # merges t and G: a view
         return tensor
 
     def names(self, kind: Optional[str] = None) -> List[str]:
@@ -175,16 +187,15 @@ class BeamCache:
     def reserve(self, name: str, heads: int, d_k: int, like: Tensor) -> None:
         """Room for self-attention keys or values of ``heads`` × ``d_k`` per hypothesis and step."""
         self.kinds[name] = "entries"
-        beams = self.slots.size(0)
-        self.tensors[name] = (like.new_zeros(beams, heads, 0, d_k) if self.concatenate
-                              else like.new_empty(beams, heads, INITIAL_CAPACITY, self.beam_size, d_k))
+        capacity = 0 if self.concatenate else INITIAL_CAPACITY
+        self.tensors[name] = like.new_empty(self.slots.size(0), heads, capacity, self.beam_size, d_k)
 
     def begin_step(self) -> Optional[Tensor]:
         """Advances the bookkeeping by one step, in which every hypothesis writes its own slot.
         Sets and returns ``self_attn_mask``: additive [R, 1, G, (t+1)·G], 0 where a hypothesis
-        reads an entry (its ancestors' and its own), -inf elsewhere; None for G = 1."""
+        reads an entry (its ancestors' and its own), -inf elsewhere; None for G = 1 in the buffer."""
         self._steps += 1
-        if self.beam_size == 1:
+        if not self.concatenate and self.beam_size == 1:
             self.self_attn_mask = None
             return None
         beams, beam_size = self.slots.size(0), self.beam_size
@@ -197,17 +208,27 @@ class BeamCache:
     def append(self, name: str, new: Tensor) -> Tensor:
         """Writes this step's entries ``new`` [N, h, d_k] (after :meth:`begin_step`) and returns
         all entries so far as :meth:`get` does. The buffer doubles when full (amortised O(1))."""
-        if self.concatenate:
-            self.tensors[name] = torch.cat([self.tensors[name], new.unsqueeze(2)], dim=2)
-            return self.tensors[name]
         buf, t = self.tensors[name], self._steps - 1
         beams, heads, capacity, beam_size, d_k = buf.shape
+        new = new.view(beams, beam_size, heads, d_k).transpose(1, 2)  # [R, h, G, d_k]
+        if self.concatenate:
+            self.tensors[name] = torch.cat([buf, new.unsqueeze(2)], dim=2)
+            return self.get(name)
         if t == capacity:
             bigger = buf.new_empty(beams, heads, 2 * capacity, beam_size, d_k)
             bigger[:, :, :t] = buf
             self.tensors[name] = buf = bigger
-        buf[:, :, t] = new.view(beams, beam_size, heads, d_k).transpose(1, 2)
+        buf[:, :, t] = new
         return self.get(name)
+
+    def group_queries(self, q: Tensor) -> Tensor:
+        """[N, h, T, d_k] -> [R, h, G·T, d_k]: a beam's rows become one query block. Left as it is
+        for G = 1 in the buffer; always regrouped in the concatenating layout, whose programs take
+        any G and so never branch on it."""
+        if not self.concatenate and self.beam_size == 1:
+            return q
+        _, heads, length, d_k = q.shape
+        return q.transpose(1, 2).reshape(-1, self.beam_size * length, heads, d_k).transpose(1, 2)
 
     # ------------------------------------------------------------------ fairseq's reorder
 

@@ -90,7 +90,6 @@ class MultiheadAttention(nn.Module):
             output [N, T, d_model] and the weights or None.
         """
         num_rows, tgt_len, _ = query.shape
-        beam_size = 1 if cache is None else cache.beam_size
         if self.encoder_decoder_attention:
             q = self._split(self.q_proj(query), 1)[:, 0]  # Q W^Q: [N, h, T, d_k]
             if cache is None:
@@ -102,8 +101,8 @@ class MultiheadAttention(nn.Module):
             if cache is not None:  # all entries so far: [R, h, (t+1)·G, d_k] each
                 k, v = (cache.append(name, new.squeeze(2)) for name, new in zip(self.cache_names(), (k, v)))
                 attn_mask = cache.self_attn_mask
-        if beam_size > 1:  # a beam's rows become one query block: [R, h, G·T, d_k]
-            q = q.transpose(1, 2).reshape(-1, beam_size * tgt_len, self.num_heads, self.d_k).transpose(1, 2)
+        if cache is not None:  # a beam's rows become one query block: [R, h, G·T, d_k]
+            q = cache.group_queries(q)
         # the fused kernel takes dropout as a probability; FairseqDropout says when it applies
         drop = self.dropout_module
         dropout_p = drop.p if self.training or drop.apply_during_inference else 0.0
