@@ -72,78 +72,83 @@ def test_exported_encoder_and_decoder_step_equal_eager_decoding(arch):
                 prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
 
 
+def _against_eager_beam_decoding(model, src, beam, g, state, reorder, step):
+    """Seven steps of ``step(prev_token [N], state) -> (log_probs, state)`` against the eager
+    decoder as fairseq's beam search drives it (beams grouped, caches moved by the reorder); before
+    each step but the first, ``reorder(state, order, beams)`` moves the state outside: row n
+    continues row ``order[n]`` of its beam, and at t = 4 the first of several sentences finished
+    (``beams``: the beams that go on). The tokens are random: a beam's hypotheses differ, so reading another's
+    state shows."""
+    rows = torch.arange(src.size(0)).repeat_interleave(beam)
+    encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), rows)
+    incremental_state, prev = {}, torch.full((rows.numel(), 1), DICT.eos())
+    for t in range(7):
+        if t > 0:
+            n = prev.size(0)
+            order = torch.randint(0, beam, (n,), generator=g) + torch.arange(n) // beam * beam
+            beams = torch.arange(n // beam)
+            if t == 4 and beams.numel() > 1:
+                order, beams = order[beam:], beams[1:]
+            model.decoder.reorder_incremental_state(incremental_state, order)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+            state, prev = reorder(state, order, beams), prev[order]
+        logits, _ = model.decoder(prev, encoder_out, incremental_state=incremental_state)
+        expected = model.get_normalized_probs((logits[:, -1:], None), log_probs=True)[:, 0]
+        log_probs, state = step(prev[:, -1], state)
+        close(log_probs, expected)
+        prev = torch.cat([prev, torch.randint(DICT.nspecial, len(DICT), (prev.size(0), 1), generator=g)], dim=1)
+
+
 def test_exported_transformer_decoder_step_equals_eager_beam_decoding():
     """The Transformer's programs (traced at batch 2, target length 2) on other batch sizes and
-    every target length from 0, with beam reorders (hypotheses repeated and dropped within a
-    beam, a finished sentence dropped) applied to the state rows outside, against the eager
-    decoder as fairseq's beam search drives it (beams grouped, caches moved by the reorder)."""
+    every target length from 0, one hypothesis per row (G = 1), the beam search's reorders applied
+    to every state tensor's rows outside (``index_select``)."""
     model = build("vaswani_transformer_tiny")
     encoder, step = export_model(model)
     assert state_names(model) == ["layers.0.encoder_attn.k", "layers.0.encoder_attn.v",
                                   "layers.1.encoder_attn.k", "layers.1.encoder_attn.v",
                                   "layers.0.self_attn.k", "layers.0.self_attn.v",
                                   "layers.1.self_attn.k", "layers.1.self_attn.v", "encoder_padding_mask", "slots"]
+
+    def run(prev, state):
+        log_probs, *state = step.module()(prev.view(-1, 1), *state)
+        keys = state[4]  # layer 0's self-attention keys: [N, h, t + 1, G = 1, d_k]
+        assert (keys.size(0), keys.size(3)) == (prev.size(0), 1) and keys.size(2) == state[-1].size(2)
+        return log_probs, state
+
     for lengths, seed, beam in (((9, 4, 6), 3, 2), ((5,), 4, 3)):
         src, g = batch(lengths, seed), torch.Generator().manual_seed(seed)
-        rows = torch.arange(len(lengths)).repeat_interleave(beam)
         with torch.no_grad():
-            state = [tensor.index_select(0, rows) for tensor in encoder.module()(src)]
-            encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), rows)
-            incremental_state, prev = {}, torch.full((rows.numel(), 1), DICT.eos())
-            for t in range(7):
-                if t > 0:  # beam search's reorder: within each beam; at t = 4 the first sentence finished
-                    n = prev.size(0)
-                    order = torch.randint(0, beam, (n,), generator=g) + torch.arange(n) // beam * beam
-                    order = order[beam:] if t == 4 and n > beam else order
-                    model.decoder.reorder_incremental_state(incremental_state, order)
-                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
-                    state, prev = [tensor.index_select(0, order) for tensor in state], prev[order]
-                logits, _ = model.decoder(prev, encoder_out, incremental_state=incremental_state)
-                expected = model.get_normalized_probs((logits[:, -1:], None), log_probs=True)[:, 0]
-                log_probs, *state = step.module()(prev[:, -1:], *state)
-                close(log_probs, expected)
-                keys = state[4]  # layer 0's self-attention keys: [B, h, t + 1, G = 1, d_k]
-                assert (keys.size(0), keys.size(2), keys.size(3)) == (prev.size(0), t + 1, 1)
-                prev = torch.cat([prev, expected.argmax(-1, keepdim=True)], dim=1)
+            state = [t.repeat_interleave(beam, dim=0) for t in encoder.module()(src)]
+            _against_eager_beam_decoding(model, src, beam, g, state,
+                                         lambda state, order, _: [t.index_select(0, order) for t in state], run)
 
 
 @pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny"])
 def test_exported_step_in_beams_equals_eager_beam_decoding(arch):
     """``export_model(beams=True)``: the state in beams of a dynamic G, searched outside as the
     module's doc says (the rows and slots follow each hypothesis's parent within its beam, the
-    entries and the encoder's state stay, whole beams leave when their sentence finishes),
-    against the eager decoder as fairseq's beam search drives it; batch, beam and lengths other
-    than the traced ones (torch's own checks want R and G above 1; the ONNX graphs run any)."""
+    entries and the encoder's state stay, whole beams leave when their sentence finishes);
+    batch, beam and lengths other than the traced ones (torch's own checks want R and G above 1;
+    the ONNX graphs run any)."""
     model = build(arch)
     encoder, step = export_model(model, beams=True)
-    kinds = {**state_kinds(model), "slots": "slots"}
+    kinds = [*state_kinds(model).values(), "slots"]
+
+    def reorder(state, order, beams):
+        beam = state[-1].size(1)
+        return [t.flatten(0, 1).index_select(0, order).unflatten(0, (-1, beam)) if kind in ("rows", "slots")
+                else t.index_select(0, beams) for t, kind in zip(state, kinds)]
+
+    def run(prev, state):
+        log_probs, *state = step.module()(prev.view(-1, state[-1].size(1)), *state)
+        return log_probs, state
+
     for lengths, seed, beam in (((9, 4, 6), 3, 2), ((5, 8, 7), 4, 5)):
         src, g = batch(lengths, seed), torch.Generator().manual_seed(seed)
-        rows = torch.arange(len(lengths)).repeat_interleave(beam)
         with torch.no_grad():
             state = expand_beams(state_kinds(model), encoder.module()(src), beam)
-            encoder_out = model.encoder.reorder_encoder_out(model.encoder(src), rows)
-            incremental_state, prev = {}, torch.full((rows.numel(), 1), DICT.eos())
-            for t in range(7):
-                if t > 0:  # beam search's reorder: within each beam; at t = 4 the first sentence finished
-                    n = prev.size(0)
-                    order = torch.randint(0, beam, (n,), generator=g) + torch.arange(n) // beam * beam
-                    beams = torch.arange(n // beam)
-                    if t == 4:
-                        order, beams = order[beam:], beams[1:]
-                    model.decoder.reorder_incremental_state(incremental_state, order)
-                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
-                    state = [tensor.flatten(0, 1).index_select(0, order).unflatten(0, (-1, beam))
-                             if kind in ("rows", "slots") else tensor.index_select(0, beams)
-                             for tensor, kind in zip(state, kinds.values())]
-                    prev = prev[order]
-                logits, _ = model.decoder(prev, encoder_out, incremental_state=incremental_state)
-                expected = model.get_normalized_probs((logits[:, -1:], None), log_probs=True)[:, 0]
-                log_probs, *state = step.module()(prev[:, -1].view(-1, beam), *state)
-                close(log_probs, expected)
-                # random tokens: a beam's hypotheses differ, so reading another's entries shows
-                tokens = torch.randint(DICT.nspecial, len(DICT), (prev.size(0), 1), generator=g)
-                prev = torch.cat([prev, tokens], dim=1)
+            _against_eager_beam_decoding(model, src, beam, g, state, reorder, run)
 
 
 def test_exported_transformer_encoder_equals_eager():

@@ -176,9 +176,9 @@ class BeamCache:
         [R, h, t·G, d_k], step-major and slot-minor along t·G."""
         tensor = self.tensors[name]
         if self.kinds[name] == "entries":
-            beams, heads, _, _, d_k = tensor.shape
+            beams, heads, _, beam_size, d_k = tensor.shape
             written = tensor if self.concatenate else tensor[:, :, :self._steps]
-            return written.reshape(beams, heads, -1, d_k)  # merges t and G: a view
+            return written.reshape(beams, heads, self._steps * beam_size, d_k)  # merges t and G: a view
         return tensor
 
     def names(self, kind: Optional[str] = None) -> List[str]:
