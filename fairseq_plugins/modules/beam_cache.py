@@ -154,6 +154,13 @@ class BeamCache:
                      else self.tensors[name] for name, kind in self.kinds.items()) + (self.slots,)
 
     @property
+    def _in_beams(self) -> bool:
+        """Whether a step reads the entries through the slots' mask, with a beam's rows as one
+        query block: for G > 1, and for any G in the concatenating layout, whose programs take
+        any G and so never branch on it (the buffer at G = 1 skips both)."""
+        return self.concatenate or self.beam_size > 1
+
+    @property
     def steps(self) -> int:
         """Self-attention entries written so far per hypothesis."""
         return self._steps
@@ -195,7 +202,7 @@ class BeamCache:
         Sets and returns ``self_attn_mask``: additive [R, 1, G, (t+1)·G], 0 where a hypothesis
         reads an entry (its ancestors' and its own), -inf elsewhere; None for G = 1 in the buffer."""
         self._steps += 1
-        if not self.concatenate and self.beam_size == 1:
+        if not self._in_beams:
             self.self_attn_mask = None
             return None
         beams, beam_size = self.slots.size(0), self.beam_size
@@ -222,10 +229,9 @@ class BeamCache:
         return self.get(name)
 
     def group_queries(self, q: Tensor) -> Tensor:
-        """[N, h, T, d_k] -> [R, h, G·T, d_k]: a beam's rows become one query block. Left as it is
-        for G = 1 in the buffer; always regrouped in the concatenating layout, whose programs take
-        any G and so never branch on it."""
-        if not self.concatenate and self.beam_size == 1:
+        """[N, h, T, d_k] -> [R, h, G·T, d_k]: a beam's rows become one query block (left as they
+        are for G = 1 in the buffer)."""
+        if not self._in_beams:
             return q
         _, heads, length, d_k = q.shape
         return q.transpose(1, 2).reshape(-1, self.beam_size * length, heads, d_k).transpose(1, 2)
