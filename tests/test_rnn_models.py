@@ -205,6 +205,9 @@ def test_rnnencdec_shares_the_rnnsearch_decoder_code():
 def test_maxout_takes_the_max_of_consecutive_pairs():
     t_tilde = torch.tensor([[1.0, 5.0, -2.0, -3.0, 0.5, 0.25]])
     assert Maxout(6, 2)(t_tilde).tolist() == [[5.0, -2.0, 0.5]]
+    pools_of_3 = torch.tensor([[1.0, 5.0, 7.0, -3.0, 0.25, 0.5]])  # every member counts, the last too
+    assert Maxout(6, 3)(pools_of_3).tolist() == [[7.0, 0.5]]
+    assert Maxout(6, 1)(t_tilde).tolist() == t_tilde.tolist()
 
 
 # ---------------------------------------------------------------- initialisation
