@@ -15,7 +15,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from fairseq_plugins.cli import benchmark_scale
 from fairseq_plugins.benchmarks import measure
 from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS
+from fairseq_plugins.benchmarks.report import describe_run
 from fairseq_plugins.cli import benchmark
+from fairseq_plugins.cli.common import cli_main
 from fairseq_plugins.errors import PluginError
 
 MEASUREMENTS = [
@@ -38,6 +40,7 @@ def test_tiny_cpu_run_reports_every_row(data_bin, tmp_path):
     assert report.strip() in stdout  # the file holds the printed report
     assert re.search(r"^- date: \d{4}-\d\d-\d\d", report, re.M)
     assert re.search(r"^- machine: .+, \d+ cores", report, re.M)
+    assert f"- command: `fairseq-plugins-benchmark --data {data_bin} --preset tiny --repeats 1" in report
     bf16 = r"bf16 [\d,]+ GFLOP/s" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else r"bf16 not native"
     assert re.search(rf"^- matmul ceiling: fp32 [\d,]+ GFLOP/s, {bf16}.*; the fastest of: fp32 matmul [\d,]+, "
                      r"fp32 oneDNN prepacked [\d,]+", report, re.M)
@@ -167,6 +170,14 @@ def test_bad_flags_give_one_line_errors(argv, message, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("fairseq-plugins-benchmark: error: ") and err.count("\n") == 1
     assert message in err
+
+
+def test_a_report_quotes_the_command_as_main_was_given_it():
+    """``main(argv)`` called from Python (here under pytest's own sys.argv): the report's command
+    is that argv, quoted as a shell would need it."""
+    args = cli_main(benchmark.get_parser, lambda args: args, ["--data", "my data", "--preset", "tiny"])
+    args.load_at_start = 0.0
+    assert describe_run(args, 60.0)[-1] == "- command: `fairseq-plugins-benchmark --data 'my data' --preset tiny`"
 
 
 def test_without_native_bf16_the_ceiling_is_fp32_only_and_bf16_is_refused(monkeypatch):

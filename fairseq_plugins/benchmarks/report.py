@@ -2,6 +2,7 @@
 import datetime
 import os
 import platform
+import shlex
 import statistics
 import sys
 from typing import Dict, List
@@ -171,7 +172,7 @@ def describe_run(args, seconds: float, hardware: str = "") -> List[str]:
         f"- machine: {describe_cpu()}, {os.cpu_count()} cores{hardware}; {platform.platform()}; load average at "
         f"start/end {args.load_at_start:.1f}/{os.getloadavg()[0]:.1f} (other processes share the machine)",
         f"- software: Python {platform.python_version()}, torch {torch.__version__}, fairseq {fairseq.__version__}",
-        f"- command: `{' '.join(sys.argv)}`",
+        f"- command: `{shlex.join(args.invocation)}`",
     ]
 
 
