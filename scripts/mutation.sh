@@ -3,7 +3,7 @@
 # tests that cover it: a small change is put into the code, one at a time, and the tests must fail.
 # Not part of CI: hours on 2 cores (docs/TESTING.md has the last result and every survivor's fate).
 #
-#   bash scripts/mutation.sh                      # all nineteen modules below
+#   bash scripts/mutation.sh                      # all twenty-four modules below
 #   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
 #   MUTATION_LINES="63-82 156-173" bash scripts/mutation.sh fairseq_plugins_onnx.py  # those lines only
 #
@@ -51,6 +51,8 @@ tests/test_quickstart.py::test_averaging_window_keeps_to_the_end_of_the_training
 tests/test_patches.py::test_checkpoint_loading tests/test_patches.py::test_the_weights_only_window_keeps_other_loads_and_later_wrappers" ;;
         serve/batching.py) echo "tests/test_batching.py" ;;
         patches/numerical_faults.py) echo "tests/test_numerical_faults.py" ;;
+        modules/additive_attention.py|modules/gru.py|modules/conditional_gru.py|modules/maxout.py|modules/lstm.py)
+            echo "tests/test_rnn_models.py" ;;
         *) return 1 ;;
     esac
 }
@@ -59,7 +61,8 @@ ALL=(criterions/label_smoothed_xent.py lr_schedulers/inverse_sqrt_warmup.py patc
      patches/preemption.py fairseq_plugins_onnx.py patches/atomic_checkpoints.py modules/decoding_linear.py
      patches/compiled_decoding.py modules/multihead_attention.py modules/transformer_layer.py
      modules/positional_embedding.py checkpoints.py patches/checkpoint_loading.py serve/batching.py
-     patches/numerical_faults.py)
+     patches/numerical_faults.py modules/additive_attention.py modules/gru.py modules/conditional_gru.py
+     modules/maxout.py modules/lstm.py)
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=("${ALL[@]}")
 for module in "${modules[@]}"; do
