@@ -208,6 +208,8 @@ def test_maxout_takes_the_max_of_consecutive_pairs():
     pools_of_3 = torch.tensor([[1.0, 5.0, 7.0, -3.0, 0.25, 0.5]])  # every member counts, the last too
     assert Maxout(6, 3)(pools_of_3).tolist() == [[7.0, 0.5]]
     assert Maxout(6, 1)(t_tilde).tolist() == t_tilde.tolist()
+    assert Maxout(6)(t_tilde).tolist() == [[5.0, -2.0, 0.5]]  # the paper's pairs by default
+    assert Maxout(1, 1)(torch.tensor([[-4.0]])).tolist() == [[-4.0]]  # the smallest valid sizes
 
 
 # ---------------------------------------------------------------- initialisation
@@ -432,9 +434,11 @@ def test_bad_sizes_fail_at_build_time_with_one_line(arch, overrides, flag):
     assert flag in str(err.value) and "\n" not in str(err.value)
 
 
-def test_maxout_rejects_an_input_size_that_is_not_a_multiple_of_the_pool():
-    with pytest.raises(ValueError, match="maxout input size 5 is not a positive multiple of the pool size 2"):
-        Maxout(5, 2)
+@pytest.mark.parametrize("in_features, pool_size", [(5, 2), (0, 2), (-2, 2), (2, 0), (2, -1)])
+def test_maxout_rejects_an_input_size_that_is_not_a_positive_multiple_of_the_pool(in_features, pool_size):
+    with pytest.raises(ValueError, match=f"maxout input size {in_features} is not a positive multiple "
+                                         f"of the pool size {pool_size}$"):
+        Maxout(in_features, pool_size)
 
 
 # ---------------------------------------------------------------- halving schedule
