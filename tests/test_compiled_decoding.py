@@ -37,9 +37,12 @@ def test_compiled_energies_equal_the_eager_ones_and_serve_decoding_only():
     assert calls, "decoding did not use the compiled energies"
     for a, b in zip(got, eager):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):  # one program for any sizes
+        h2, s2 = torch.randn(5, 9, 8), torch.randn(5, 3, 6)
+        attention(s2, attention.project_annotations(h2), h2, torch.zeros(5, 9, dtype=torch.bool))
     c, _ = attention(s, attention.project_annotations(h), h, mask)  # training: the autograd function
     c.sum().backward()
-    assert len(calls) == 1 and attention.W_a.weight.grad is not None
+    assert len(calls) == 2 and attention.W_a.weight.grad is not None
 
 
 def test_compiled_energies_are_the_float64_formula_at_saturation_and_near_zero():

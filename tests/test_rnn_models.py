@@ -97,6 +97,8 @@ def test_additive_attention_follows_the_paper_and_ignores_padding():
         torch.testing.assert_close(alpha[b][~mask[b]], alpha_ref, atol=1e-6, rtol=1e-5)
     assert alpha[mask].abs().max() == 0
     torch.testing.assert_close(alpha.sum(1), torch.ones(2))
+    # the paper's W_a, U_a and v_a, and the MLP's one bias, kept in U_a (U_a h_j is precomputed)
+    assert sorted(name for name, _ in att.named_parameters()) == ["U_a.bias", "U_a.weight", "W_a.weight", "v_a.weight"]
 
 
 @pytest.mark.parametrize("deep_output_state", ["current", "previous"])
@@ -352,16 +354,17 @@ def test_decoding_keeps_sentence_tensors_unmoved_through_beam_reorders_then_any_
     torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
-def test_alignment_energies_gradients_recomputed_equal_autograd_of_the_formula():
+@pytest.mark.parametrize("bsz, queries, src_len", [(3, 2, 4), (3, 1, 4), (3, 2, 1), (1, 2, 4)])  # G: training's 1 too
+def test_alignment_energies_gradients_recomputed_equal_autograd_of_the_formula(bsz, queries, src_len):
     """e = v_aᵀ tanh(W_a s + U_a h) with the tanh recomputed in backward: values and gradients
     equal autograd through the formula (float64), grouped queries included; and the forward
     keeps no (bsz, src_len, n') activation per step for the backward pass."""
     from fairseq_plugins.modules.additive_attention import _AlignmentEnergies
     g = torch.Generator().manual_seed(0)
-    W_a_s = torch.randn(3, 2, 5, dtype=torch.float64, generator=g, requires_grad=True)
-    U_a_h = torch.randn(3, 4, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    W_a_s = torch.randn(bsz, queries, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    U_a_h = torch.randn(bsz, src_len, 5, dtype=torch.float64, generator=g, requires_grad=True)
     v_a = torch.randn(5, dtype=torch.float64, generator=g, requires_grad=True)
-    grad_e = torch.randn(3, 2, 4, dtype=torch.float64, generator=g)
+    grad_e = torch.randn(bsz, queries, src_len, dtype=torch.float64, generator=g)
     e = _AlignmentEnergies.apply(W_a_s, U_a_h, v_a)
     grads = torch.autograd.grad(e, (W_a_s, U_a_h, v_a), grad_e)
     e_ref = torch.tanh(W_a_s.unsqueeze(2) + U_a_h.unsqueeze(1)) @ v_a  # the paper's formula
