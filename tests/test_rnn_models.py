@@ -253,6 +253,20 @@ def test_gru_models_default_to_pytorch_initialisation(arch):
     assert abs(W_o.weight.std().item() - bound / math.sqrt(3)) < 0.1 * bound
 
 
+def test_the_recurrent_matrices_default_to_nn_linears_initialisation_in_each_direction():
+    """The GRUs' U_zr and U, one (out, in) block per direction (the encoder's stacked for one bmm),
+    drawn as nn.Linear draws a weight: U(-1/√in, 1/√in)."""
+    torch.manual_seed(0)
+    params = dict(build("rnnsearch", randomize=False).named_parameters())  # n = 1000: sharp statistics
+    recurrent = [k for k in params if k.endswith((".U_zr.weight", ".U.weight"))]
+    assert len(recurrent) == 4  # encoder and decoder U_zr, U
+    for name in recurrent:
+        for block in params[name].view(-1, *params[name].shape[-2:]):  # each direction's
+            bound = 1 / math.sqrt(block.size(1))
+            assert 0.99 * bound < block.abs().max() <= bound, name
+            assert abs(block.std().item() - bound / math.sqrt(3)) < 0.01 * bound, name
+
+
 def test_seq2seq_paper_initialisation_is_uniform_008():
     model = build("seq2seq_lstm_tiny", randomize=False, encoder_hidden_size=100, decoder_hidden_size=100)
     flat = torch.cat([p.flatten() for p in model.parameters()])
