@@ -81,6 +81,14 @@ def test_bigru_encoder_and_initial_state_follow_the_paper():
     assert at_padding.size(0) > 0 and at_padding.abs().max() == 0  # annotations at padding are zero
 
 
+def test_the_papers_gru_reads_one_direction_unless_asked_for_two():
+    from fairseq_plugins.modules.gru import GRU
+    x, padding = torch.randn(2, 3, 4), torch.zeros(2, 3, dtype=torch.bool)
+    for gru, directions in ((GRU(4, 5), 1), (GRU(4, 5, bidirectional=True), 2)):  # nn.GRU's default
+        out, final = gru(x, padding)
+        assert out.shape == (2, 3, directions * 5) and final.shape == (directions, 2, 5)
+
+
 def test_additive_attention_follows_the_paper_and_ignores_padding():
     torch.manual_seed(3)
     att = AdditiveAttention(query_size=4, annotation_size=6, hidden_size=5)
