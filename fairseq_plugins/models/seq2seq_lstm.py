@@ -96,7 +96,6 @@ class LSTMEncoder(FairseqEncoder):
         _, final = self.rnn(packed)
         return final
 
-    @torch.jit.unused
     def _final_state_by_scan(self, x: Tensor, padding_mask: Tensor) -> Tuple[Tensor, Tensor]:
         rnn = self.rnn
         state = x.new_zeros(2, rnn.num_layers, x.size(0), rnn.hidden_size)  # (h, c) per layer

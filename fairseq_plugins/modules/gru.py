@@ -89,7 +89,6 @@ class GRU(nn.Module):
             states.append(h)
         return h, torch.stack(states, dim=0)
 
-    @torch.jit.unused
     def _scan(self, Wx: Tensor, keep: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
         return scan_over_time(gru_step, h, [Wx, keep], [self.U_zr.weight, self.U.weight])
 
