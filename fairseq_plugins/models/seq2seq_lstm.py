@@ -28,7 +28,7 @@ from fairseq_plugins.modules.beam_cache import (
     reorder_encoder_out,
 )
 from fairseq_plugins.modules.lstm import stacked_lstm_step
-from fairseq_plugins.modules.recurrence import scan_over_time
+from fairseq_plugins.modules.recurrence import final_carry
 
 
 def reverse_source_tokens(src_tokens: Tensor, pad: int, eos: int) -> Tensor:
@@ -100,7 +100,7 @@ class LSTMEncoder(FairseqEncoder):
         rnn = self.rnn
         state = x.new_zeros(2, rnn.num_layers, x.size(0), rnn.hidden_size)  # (h, c) per layer
         weights = [w for layer in rnn.all_weights for w in layer]
-        final, _ = scan_over_time(stacked_lstm_step, state, [x.transpose(0, 1), padding_mask.t().unsqueeze(2)], weights)
+        final = final_carry(stacked_lstm_step, state, [x.transpose(0, 1), padding_mask.t().unsqueeze(2)], weights)
         return final[0], final[1]
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:

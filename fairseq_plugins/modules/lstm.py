@@ -21,15 +21,13 @@ def lstm_cell(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih:
     return torch.sigmoid(o) * torch.tanh(c), c
 
 
-def stacked_lstm_step(state: Tensor, x: Tensor, pad: Tensor, *weights: Tensor) -> Tuple[Tensor, Tensor]:
+def stacked_lstm_step(state: Tensor, x: Tensor, pad: Tensor, *weights: Tensor) -> Tensor:
     """A scan step over every layer: ``state`` (2, layers, bsz, H) holds (h, c) per layer, ``x``
     (bsz, in) the input, ``pad`` (bsz, 1) True where the state is kept unchanged (padding);
-    ``weights`` four per layer, as ``nn.LSTM.all_weights`` lists them. Returns the new state and
-    the top layer's h."""
+    ``weights`` four per layer, as ``nn.LSTM.all_weights`` lists them. Returns the new state."""
     new = []
     for k in range(state.size(1)):
         h, c = lstm_cell(x, state[0, k], state[1, k], *weights[4 * k: 4 * k + 4])
         new.append(torch.stack([h, c]))
         x = h  # the next layer's input (eval mode: no dropout between layers)
-    state = torch.where(pad, state, torch.stack(new, dim=1))
-    return state, state[0, -1]
+    return torch.where(pad, state, torch.stack(new, dim=1))

@@ -23,3 +23,11 @@ def scan_over_time(step: Callable[..., Tuple[Tensor, Tensor]], carry: Tensor, xs
 
     final, outs = scan_op(body, [carry], list(xs), tuple(weights))
     return final, outs
+
+
+def final_carry(step: Callable[..., Tensor], carry: Tensor, xs: List[Tensor], weights: List[Tensor]) -> Tensor:
+    """The last ``carry_j = step(carry_{j-1}, *xs_j, *weights)`` over dim 0 of ``xs``, for an
+    encoder that keeps only its final state: no per-step output is copied out (as in
+    :func:`scan_over_time`, ``step`` is a function of its arguments only)."""
+    (final,) = scan_op(lambda carry, *inputs: (step(carry, *inputs),), [carry], list(xs), tuple(weights))
+    return final
