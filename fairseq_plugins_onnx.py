@@ -197,7 +197,7 @@ class Translator:
             lprobs, state, step_attn = self._run_step(prev, state)
             if step == 0 and step_attn is not None:  # a row per hypothesis
                 step_attn = step_attn.repeat(beam, axis=0)
-            lprobs = np.where(np.isnan(lprobs), -np.inf, lprobs).astype(np.float32)
+            np.copyto(lprobs, -np.inf, where=np.isnan(lprobs))  # in place: the step's own float32 output
             lprobs[:, self.pad] = -np.inf
             if step >= max_len:  # only </s> is left
                 lprobs[:, :self.eos] = -np.inf
@@ -209,7 +209,7 @@ class Translator:
             vocab = lprobs.shape[1]
             candidates = lprobs.reshape(bsz, -1, vocab)  # [bsz, 1, vocab] at the first step
             if step > 0:
-                candidates = candidates + scores.reshape(bsz, beam, -1)[:, :, step - 1][:, :, None]
+                candidates += scores.reshape(bsz, beam, -1)[:, :, step - 1][:, :, None]
             flat = candidates.reshape(bsz, -1)
             k = min(cand_size, flat.shape[1] - 1)  # -1: never <pad>
             top = top_k(flat, k)
