@@ -81,6 +81,43 @@ def test_bigru_encoder_and_initial_state_follow_the_paper():
     assert at_padding.size(0) > 0 and at_padding.abs().max() == 0  # annotations at padding are zero
 
 
+@pytest.mark.parametrize("arch", ["rnnsearch_tiny", "rnnencdec_tiny"])
+def test_a_stacked_encoder_feeds_each_layer_the_one_below_with_dropout_between(arch):
+    """--encoder-layers 3: each GRU reads the outputs of the one below it; in training, dropout
+    applies once to the embeddings and once between layers."""
+    p = 0.25
+    model = build(arch, encoder_layers=3, dropout=p, **TINY)
+    encoder, src = model.encoder, sentences([4, 6, 2])
+    padding = src.eq(PAD)
+    assert len(encoder.layers) == 3
+    h = encoder.embed_tokens(src)
+    for layer in encoder.layers:
+        h, h_n = layer(h, padding)
+    out = encoder(src)
+    if arch == "rnnsearch_tiny":
+        torch.testing.assert_close(out["encoder_out"][0], h)
+        torch.testing.assert_close(out["backward_first"][0], h_n[1])  # ←h_1 of the top layer
+    else:
+        torch.testing.assert_close(out["encoder_out"][0], torch.tanh(encoder.V(h_n[0])))  # c from the top layer
+
+    inputs, outputs = [], []
+
+    def record(module, args, output):
+        inputs.append(args[0])
+        outputs.append(output[0])
+
+    for layer in encoder.layers:
+        layer.register_forward_hook(record)
+    encoder.train()
+    torch.manual_seed(0)
+    encoder(src)
+    below = [encoder.embed_tokens(src)] + outputs[:-1]
+    for k, (x, y) in enumerate(zip(inputs, below)):
+        kept = x != 0
+        assert 0 < kept.sum() < (y != 0).sum(), k  # some dropped
+        torch.testing.assert_close(x[kept], y[kept] / (1 - p), msg=f"layer {k}")  # the others scaled once
+
+
 def test_the_papers_gru_reads_one_direction_unless_asked_for_two():
     from fairseq_plugins.modules.gru import GRU
     x, padding = torch.randn(2, 3, 4), torch.zeros(2, 3, dtype=torch.bool)
@@ -225,6 +262,13 @@ def test_maxout_takes_the_max_of_consecutive_pairs():
 # ---------------------------------------------------------------- initialisation
 
 
+def assert_normal(p, std, name):
+    """``p``'s values look drawn from N(0, std²): their spread and their centre (thousands of
+    values: the mean's standard error is under std / 50)."""
+    assert abs(p.std().item() - std) < 0.2 * std, name
+    assert abs(p.mean().item()) < 0.1 * std, name
+
+
 def test_paper_initialisation_statistics():
     sizes = dict(encoder_embed_dim=40, encoder_hidden_size=50, decoder_embed_dim=40, decoder_hidden_size=60,
                  attention_hidden_size=70, maxout_dim=30)
@@ -236,7 +280,7 @@ def test_paper_initialisation_statistics():
         for block in params[name].view(-1, params[name].size(-1), params[name].size(-1)):
             torch.testing.assert_close(block @ block.t(), torch.eye(block.size(0)), atol=1e-5, rtol=0)
     for name in ("decoder.context.attention.W_a.weight", "decoder.context.attention.U_a.weight"):
-        assert abs(params[name].std().item() - 0.001) < 0.0002, name
+        assert_normal(params[name], 0.001, name)
     assert params["decoder.context.attention.v_a.weight"].abs().max() == 0
     for name, p in params.items():
         if name.endswith(".bias"):
@@ -244,7 +288,7 @@ def test_paper_initialisation_statistics():
     others = [k for k in params if not k.endswith(".bias") and k not in recurrent and ".attention." not in k]
     assert len(others) >= 9
     for name in others:
-        assert abs(params[name].std().item() - 0.01) < 0.002, name
+        assert_normal(params[name], 0.01, name)
     for emb in (model.encoder.embed_tokens, model.decoder.embed_tokens):
         assert emb.weight[PAD].abs().max() == 0
     pytorch = build("rnnsearch_tiny", randomize=False, init="pytorch", **sizes)
