@@ -3,7 +3,7 @@
 # tests that cover it: a small change is put into the code, one at a time, and the tests must fail.
 # Not part of CI: hours on 2 cores (docs/TESTING.md has the last result and every survivor's fate).
 #
-#   bash scripts/mutation.sh                      # all twenty-seven modules below
+#   bash scripts/mutation.sh                      # all twenty-eight modules below
 #   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
 #   MUTATION_LINES="63-82 156-173" bash scripts/mutation.sh fairseq_plugins_onnx.py  # those lines only
 #
@@ -55,7 +55,7 @@ tests/test_patches.py::test_checkpoint_loading tests/test_patches.py::test_the_w
         modules/conditional_gru.py|modules/maxout.py) echo "tests/test_rnn_models.py" ;;
         modules/gru.py|modules/lstm.py) echo "tests/test_rnn_models.py tests/test_torch_export.py" ;;  # scan, jit.script
         modules/recurrence.py) echo "tests/test_rnn_models.py tests/test_torch_export.py" ;;
-        models/rnnsearch.py|models/rnnencdec.py) echo "tests/test_rnn_models.py tests/test_decoding_cache.py \
+        models/rnnsearch.py|models/rnnencdec.py|models/seq2seq_lstm.py) echo "tests/test_rnn_models.py tests/test_decoding_cache.py \
 tests/test_torch_export.py tests/test_training_oracle.py -k 'not vaswani and not transformer'" ;;
         *) return 1 ;;
     esac
@@ -66,7 +66,8 @@ ALL=(criterions/label_smoothed_xent.py lr_schedulers/inverse_sqrt_warmup.py patc
      patches/compiled_decoding.py modules/multihead_attention.py modules/transformer_layer.py
      modules/positional_embedding.py checkpoints.py patches/checkpoint_loading.py serve/batching.py
      patches/numerical_faults.py modules/additive_attention.py modules/gru.py modules/conditional_gru.py
-     modules/maxout.py modules/lstm.py modules/recurrence.py models/rnnsearch.py models/rnnencdec.py)
+     modules/maxout.py modules/lstm.py modules/recurrence.py models/rnnsearch.py models/rnnencdec.py
+     models/seq2seq_lstm.py)
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=("${ALL[@]}")
 for module in "${modules[@]}"; do
