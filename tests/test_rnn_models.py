@@ -450,6 +450,24 @@ def test_alignment_energies_gradients_recomputed_equal_autograd_of_the_formula(b
     assert len(large) == 1
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_alignments_are_asked_only_of_a_model_with_attention(arch):
+    """fairseq-generate --print-alignment: RNNsearch aligns each target word with the source;
+    RNNencdec and the seq2seq LSTM have no attention and are refused in one line (fairseq's own
+    extraction fails with an IndexError)."""
+    from fairseq.sequence_generator import SequenceGeneratorWithAlignment
+    model = build(arch)
+    src = sentences([4, 6])
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(PAD).sum(1)}}
+    generator = SequenceGeneratorWithAlignment([model], DICT, print_alignment="hard", beam_size=2, max_len_b=4)
+    if arch == "rnnsearch_tiny":
+        hypos = generator.generate([model], sample)
+        assert all(len(h[0]["alignment"]) > 0 for h in hypos)
+    else:
+        with pytest.raises(ConfigError, match=f"^--print-alignment: {type(model).__name__} has no attention"):
+            generator.generate([model], sample)
+
+
 def test_alignments_have_target_by_source_shape_sum_to_one_and_skip_padding():
     model = build("rnnsearch_tiny")
     src, prev = sentences([7, 3, 5]), targets(3, 4)
