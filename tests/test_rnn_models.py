@@ -3,6 +3,7 @@ initialisation, padding invariance, incremental decoding, alignments, source rev
 build errors and the halving LR schedule."""
 import argparse
 import math
+import warnings
 
 import pytest
 import torch
@@ -238,6 +239,39 @@ def test_seq2seq_lstm_follows_sutskever_et_al():
                 assert (logits[b] - reference(real, from_encoder=False)).abs().max() > 1e-2
                 if len(real) > 2:
                     assert (logits[b] - reference(real, reverse=False)).abs().max() > 1e-2
+
+
+def test_seq2seq_lstm_drops_out_between_its_layers_in_training_only():
+    """--dropout also applies between stacked LSTM layers (nn.LSTM's own dropout), in training
+    and with --retain-dropout, not in evaluation; a one-layer LSTM, which has nothing between
+    layers, is built without it (nn.LSTM warns otherwise). Only the layers' dropout is left on
+    here: two training passes differ, two evaluation passes do not."""
+    model = build("seq2seq_lstm_tiny", dropout=0.3)
+    enc, dec = model.encoder, model.decoder
+    assert enc.rnn.num_layers == dec.rnn.num_layers == 2
+    enc.dropout_module.p = dec.dropout_module.p = 0.0  # the embeddings' and outputs' dropout off
+    src, prev = sentences([4, 6, 2]), targets(3, 5)
+
+    def passes():
+        outputs = []
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            encoder_out = enc(src)
+            if seed == 0:
+                first = encoder_out  # both passes' decoders read it
+            outputs.append((encoder_out["encoder_h"][0], dec(prev, first)[0]))
+        return outputs
+
+    for mode, differ in (("train", True), ("eval", False), ("retain", True)):
+        model.train(mode == "train")
+        enc.dropout_module.apply_during_inference = dec.dropout_module.apply_during_inference = mode == "retain"
+        (h_a, logits_a), (h_b, logits_b) = passes()
+        assert (not torch.equal(h_a, h_b)) == differ, mode  # the encoder's final states
+        assert (not torch.equal(logits_a, logits_b)) == differ, mode
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one = build("seq2seq_lstm_tiny", dropout=0.3, encoder_layers=1)
+    assert one.encoder.rnn.dropout == one.decoder.rnn.dropout == 0.0
 
 
 def test_rnnencdec_shares_the_rnnsearch_decoder_code():
