@@ -274,6 +274,19 @@ def test_seq2seq_lstm_drops_out_between_its_layers_in_training_only():
     assert one.encoder.rnn.dropout == one.decoder.rnn.dropout == 0.0
 
 
+def test_seq2seq_lstm_encoder_reads_only_words_in_training_as_in_generation():
+    """The encoder's two paths to its final state: training's packed nn.LSTM (real words moved to
+    the front) and generation's scan (state kept over padding) give the same state, left- or
+    right-padded, here with sentences longer than the embedding is wide (3 < 9)."""
+    model = build("seq2seq_lstm_tiny", std=0.3, encoder_embed_dim=3)
+    for src in (sentences([9, 2, 5]), right_padded(sentences([9, 2, 5]))):
+        packed = model.encoder(src)  # autograd on: training's path
+        with torch.no_grad():
+            scanned = model.encoder(src)
+        for key in ("encoder_h", "encoder_c"):
+            torch.testing.assert_close(packed[key][0], scanned[key][0], atol=1e-6, rtol=1e-5)
+
+
 def test_rnnencdec_shares_the_rnnsearch_decoder_code():
     search, encdec = build("rnnsearch_tiny"), build("rnnencdec_tiny")
     assert type(search.decoder) is type(encdec.decoder)
