@@ -265,7 +265,8 @@ def test_seq2seq_lstm_drops_out_between_its_layers_in_training_only():
     for mode, differ in (("train", True), ("eval", False), ("retain", True)):
         model.train(mode == "train")
         enc.dropout_module.apply_during_inference = dec.dropout_module.apply_during_inference = mode == "retain"
-        (h_a, logits_a), (h_b, logits_b) = passes()
+        with torch.set_grad_enabled(mode == "train"):  # --retain-dropout generates without autograd
+            (h_a, logits_a), (h_b, logits_b) = passes()
         assert (not torch.equal(h_a, h_b)) == differ, mode  # the encoder's final states
         assert (not torch.equal(logits_a, logits_b)) == differ, mode
     with warnings.catch_warnings():
@@ -364,6 +365,14 @@ def test_the_recurrent_matrices_default_to_nn_linears_initialisation_in_each_dir
             bound = 1 / math.sqrt(block.size(1))
             assert 0.99 * bound < block.abs().max() <= bound, name
             assert abs(block.std().item() - bound / math.sqrt(3)) < 0.01 * bound, name
+
+
+def test_seq2seq_lstm_init_pytorch_keeps_pytorchs_initialisation():
+    """--init pytorch: nn.LSTM's and nn.Linear's U(-1/√H, 1/√H) and N(0, 1) embeddings, not the paper's U(-0.08, 0.08)."""
+    model = build("seq2seq_lstm_tiny", randomize=False, init="pytorch")
+    bound = 1 / math.sqrt(model.encoder.rnn.hidden_size)  # 1/8 for 64 cells
+    assert 0.08 < model.encoder.rnn.weight_hh_l0.abs().max() <= bound
+    assert abs(model.encoder.embed_tokens.weight.std().item() - 1.0) < 0.1
 
 
 def test_seq2seq_paper_initialisation_is_uniform_008():
@@ -561,6 +570,7 @@ def test_seq2seq_encoder_reads_the_reversed_source_and_leaves_the_input_alone():
     ("rnnsearch_tiny", {"decoder_layers": 2}, "--decoder-layers"),
     ("rnnsearch_tiny", {"attention_hidden_size": 0}, "--attention-hidden-size"),
     ("seq2seq_lstm_tiny", {"decoder_layers": 3}, "--decoder-layers"),
+    ("seq2seq_lstm_tiny", {"decoder_layers": 1}, "--decoder-layers"),  # either side larger
 ])
 def test_bad_sizes_fail_at_build_time_with_one_line(arch, overrides, flag):
     with pytest.raises(ConfigError) as err:  # printed without a traceback by fairseq's tools

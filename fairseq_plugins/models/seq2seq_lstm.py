@@ -88,9 +88,7 @@ class LSTMEncoder(FairseqEncoder):
             if not torch.is_grad_enabled() and not self.rnn.training:
                 return self._final_state_by_scan(x, padding_mask)
         lengths = (~padding_mask).sum(dim=1)  # (bsz,)
-        positions = torch.arange(x.size(1), device=x.device)
-        # real tokens first, in order: distinct sort keys, so no stable sort is needed
-        front = (padding_mask.long() * x.size(1) + positions).argsort(dim=1)
+        front = padding_mask.long().argsort(dim=1, stable=True)  # real tokens first, in order
         x_front = x.gather(1, front.unsqueeze(2).expand_as(x))
         packed = pack_padded_sequence(x_front, lengths.cpu(), batch_first=True, enforce_sorted=False)
         _, final = self.rnn(packed)
