@@ -3,7 +3,7 @@
 # tests that cover it: a small change is put into the code, one at a time, and the tests must fail.
 # Not part of CI: hours on 2 cores (docs/TESTING.md has the last result and every survivor's fate).
 #
-#   bash scripts/mutation.sh                      # all twenty-eight modules below
+#   bash scripts/mutation.sh                      # all thirty-one modules below
 #   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
 #   MUTATION_LINES="63-82 156-173" bash scripts/mutation.sh fairseq_plugins_onnx.py  # those lines only
 #
@@ -57,6 +57,11 @@ tests/test_patches.py::test_checkpoint_loading tests/test_patches.py::test_the_w
         modules/recurrence.py) echo "tests/test_rnn_models.py tests/test_torch_export.py" ;;
         models/rnnsearch.py|models/rnnencdec.py|models/seq2seq_lstm.py) echo "tests/test_rnn_models.py tests/test_decoding_cache.py \
 tests/test_torch_export.py tests/test_training_oracle.py -k 'not vaswani and not transformer'" ;;
+        models/transformer.py) echo "tests/test_transformer_defaults.py tests/test_transformer.py tests/test_decoding_cache.py \
+tests/test_torch_export.py tests/test_training_oracle.py tests/test_transformer_cli.py \
+-k 'not rnn and not seq2seq and not lstm and not wu_lenpen'" ;;
+        models/transformer_convert.py) echo "tests/test_transformer.py tests/test_transformer_cli.py -k 'convert'" ;;
+        lr_schedulers/sutskever_halving.py) echo "tests/test_rnn_models.py tests/test_registry.py -k 'halving or registered'" ;;
         *) return 1 ;;
     esac
 }
@@ -67,7 +72,7 @@ ALL=(criterions/label_smoothed_xent.py lr_schedulers/inverse_sqrt_warmup.py patc
      modules/positional_embedding.py checkpoints.py patches/checkpoint_loading.py serve/batching.py
      patches/numerical_faults.py modules/additive_attention.py modules/gru.py modules/conditional_gru.py
      modules/maxout.py modules/lstm.py modules/recurrence.py models/rnnsearch.py models/rnnencdec.py
-     models/seq2seq_lstm.py)
+     models/seq2seq_lstm.py models/transformer.py models/transformer_convert.py lr_schedulers/sutskever_halving.py)
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=("${ALL[@]}")
 for module in "${modules[@]}"; do
