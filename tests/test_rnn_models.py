@@ -588,7 +588,8 @@ def test_maxout_rejects_an_input_size_that_is_not_a_positive_multiple_of_the_poo
 # ---------------------------------------------------------------- halving schedule
 
 
-def make_halving(lr=0.7, **cfg):
+def make_halving(lr=0.7, lrs=None, **cfg):
+    """The schedule over an SGD at ``lr``; ``lrs``: the schedule's own --lr list, if not [lr]."""
     from fairseq.optim.lr_scheduler import build_lr_scheduler
     from fairseq.optim.sgd import SGD
     from omegaconf import OmegaConf
@@ -596,7 +597,7 @@ def make_halving(lr=0.7, **cfg):
     params = [torch.nn.Parameter(torch.zeros(1))]
     opt = SGD(OmegaConf.create({"lr": [lr], "momentum": 0.0, "weight_decay": 0.0}), params)
     conf = {"_name": "sutskever_halving", "halve_after_epochs": 5.0, "halve_every_epochs": 0.5,
-            "updates_per_epoch": 0, "lr": [lr]}
+            "updates_per_epoch": 0, "lr": [lr] if lrs is None else lrs}
     conf.update(cfg)
     return build_lr_scheduler(OmegaConf.create(conf), opt), opt
 
@@ -612,7 +613,7 @@ def test_halving_schedule_follows_the_formula(given):
     U = 40
     sched, opt = make_halving(updates_per_epoch=given)
     seen, u = {}, 0
-    for epoch in range(1, 9):  # what fairseq's trainer calls, in its order
+    for epoch in range(1, 13):  # what fairseq's trainer calls, in its order; past twice the start too
         sched.step_begin_epoch(epoch)
         sched.step_update(u)
         for _ in range(U):
@@ -633,3 +634,47 @@ def test_halving_schedule_follows_the_formula(given):
 def test_halving_schedule_needs_updates_per_epoch_to_halve_in_the_first_epoch():
     with pytest.raises(ConfigError, match="--updates-per-epoch"):
         make_halving(halve_after_epochs=0.5)
+
+
+def test_halving_schedule_measures_the_epoch_at_a_later_epoch_too():
+    """Resumed at epoch 3 from a checkpoint without the measurement (another scheduler's): 80 updates
+    in two epochs are 40 an epoch."""
+    sched, opt = make_halving()
+    sched.load_state_dict({"best": None})
+    sched.step_begin_epoch(3)
+    sched.step_update(80)
+    for u in (199, 200, 220):
+        sched.step_update(u)
+        assert opt.get_lr() == pytest.approx(expected_lr(u, 40)), u
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"lrs": []}, r"^--lr \[\]: sutskever_halving takes exactly one value"),
+    ({"lrs": [0.7, 0.35]}, r"^--lr \[0.7, 0.35\]: sutskever_halving takes exactly one value"),
+    ({"halve_every_epochs": 0.0}, "^--halve-every-epochs must be positive, got 0.0"),
+    ({"halve_every_epochs": -0.5}, "^--halve-every-epochs must be positive, got -0.5"),
+    ({"updates_per_epoch": -1}, "^--updates-per-epoch must be >= 0, got -1"),
+])
+def test_halving_schedule_refuses_bad_values_in_one_line(cfg, message):
+    with pytest.raises(ConfigError, match=message):
+        make_halving(**cfg)
+
+
+def test_halving_schedule_from_the_command_line_is_the_papers():
+    """What fairseq-train builds from ``--lr-scheduler sutskever_halving --updates-per-epoch 10`` (its parser
+    and builder): the lr is kept for 5 epochs, then halved every half epoch."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.optim.lr_scheduler import build_lr_scheduler
+    from fairseq.optim.sgd import SGD
+    from omegaconf import OmegaConf
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        "data", "--arch", "lstm", "--optimizer", "sgd", "--lr", "0.7", "--lr-scheduler", "sutskever_halving",
+        "--updates-per-epoch", "10"])
+    opt = SGD(OmegaConf.create({"lr": [0.7], "momentum": 0.0, "weight_decay": 0.0}),
+              [torch.nn.Parameter(torch.zeros(1))])
+    sched = build_lr_scheduler(convert_namespace_to_omegaconf(args).lr_scheduler, opt)
+    for u, lr in ((0, 0.7), (49, 0.7), (50, 0.35), (54, 0.35), (55, 0.175), (75, 0.7 / 2**6)):
+        sched.step_update(u)
+        assert opt.get_lr() == pytest.approx(lr), u

@@ -45,8 +45,8 @@ class SutskeverHalvingSchedule(FairseqLRScheduler):
 
     def __init__(self, cfg: SutskeverHalvingConfig, optimizer):
         super().__init__(cfg, optimizer)
-        if len(cfg.lr) > 1:
-            raise ConfigError(f"--lr-scheduler sutskever_halving takes one --lr, got {list(cfg.lr)}")
+        if len(cfg.lr) != 1:
+            raise ConfigError(f"--lr {list(cfg.lr)}: sutskever_halving takes exactly one value, not a per-epoch list")
         if cfg.halve_every_epochs <= 0:
             raise ConfigError(f"--halve-every-epochs must be positive, got {cfg.halve_every_epochs}")
         if cfg.updates_per_epoch < 0:
