@@ -602,25 +602,32 @@ def make_halving(lr=0.7, lrs=None, **cfg):
     return build_lr_scheduler(OmegaConf.create(conf), opt), opt
 
 
-def expected_lr(u, U, lr=0.7):
-    """Paper: lr fixed for 5 epochs, then halved every half epoch (at 5, 5.5, 6, ...)."""
+def expected_lr(u, U, lr=0.7, after=5):
+    """Paper: lr fixed for 5 epochs (``after``), then halved every half epoch (at 5, 5.5, 6, ...)."""
     epochs = u / U
-    return lr if epochs < 5 else lr * 0.5 ** (math.floor((epochs - 5) / 0.5) + 1)
+    return lr if epochs < after else lr * 0.5 ** (math.floor((epochs - after) / 0.5) + 1)
+
+
+def run_halving(sched, opt, epochs, U):
+    """What fairseq's trainer calls, in its order: {u: the lr update u + 1 runs with}."""
+    seen, u = {}, 0
+    for epoch in range(1, epochs + 1):
+        sched.step_begin_epoch(epoch)
+        sched.step_update(u)
+        seen[u] = opt.get_lr()
+        for _ in range(U):
+            u += 1
+            sched.step_update(u)
+            seen[u] = opt.get_lr()
+        sched.step(epoch)
+    return seen
 
 
 @pytest.mark.parametrize("given", [0, 40])
 def test_halving_schedule_follows_the_formula(given):
     U = 40
     sched, opt = make_halving(updates_per_epoch=given)
-    seen, u = {}, 0
-    for epoch in range(1, 13):  # what fairseq's trainer calls, in its order; past twice the start too
-        sched.step_begin_epoch(epoch)
-        sched.step_update(u)
-        for _ in range(U):
-            u += 1
-            sched.step_update(u)
-            seen[u] = opt.get_lr()
-        sched.step(epoch)
+    seen = run_halving(sched, opt, 12, U)  # past twice the start too
     for u, lr in seen.items():
         assert lr == pytest.approx(expected_lr(u, U)), u
     assert seen[199] == 0.7 and seen[200] == 0.35 and seen[220] == 0.175 and seen[300] == 0.7 / 2 ** 6
@@ -634,6 +641,16 @@ def test_halving_schedule_follows_the_formula(given):
 def test_halving_schedule_needs_updates_per_epoch_to_halve_in_the_first_epoch():
     with pytest.raises(ConfigError, match="--updates-per-epoch"):
         make_halving(halve_after_epochs=0.5)
+
+
+def test_halving_schedule_measured_in_the_first_epoch_halves_from_the_second():
+    """--halve-after-epochs 1 without --updates-per-epoch: the epoch's length, measured when the second
+    begins, halves the lr from its first update."""
+    sched, opt = make_halving(halve_after_epochs=1.0)
+    seen = run_halving(sched, opt, 3, 40)
+    assert seen[39] == 0.7 and seen[40] == 0.35 and seen[60] == 0.175
+    for u, lr in seen.items():
+        assert lr == pytest.approx(expected_lr(u, 40, after=1)), u
 
 
 def test_halving_schedule_measures_the_epoch_at_a_later_epoch_too():
@@ -669,12 +686,18 @@ def test_halving_schedule_from_the_command_line_is_the_papers():
     from fairseq.optim.sgd import SGD
     from omegaconf import OmegaConf
 
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        "data", "--arch", "lstm", "--optimizer", "sgd", "--lr", "0.7", "--lr-scheduler", "sutskever_halving",
-        "--updates-per-epoch", "10"])
-    opt = SGD(OmegaConf.create({"lr": [0.7], "momentum": 0.0, "weight_decay": 0.0}),
-              [torch.nn.Parameter(torch.zeros(1))])
-    sched = build_lr_scheduler(convert_namespace_to_omegaconf(args).lr_scheduler, opt)
+    def build(*flags):
+        args = options.parse_args_and_arch(options.get_training_parser(), [
+            "data", "--arch", "lstm", "--optimizer", "sgd", "--lr", "0.7", "--lr-scheduler", "sutskever_halving",
+            *flags])
+        opt = SGD(OmegaConf.create({"lr": [0.7], "momentum": 0.0, "weight_decay": 0.0}),
+                  [torch.nn.Parameter(torch.zeros(1))])
+        return build_lr_scheduler(convert_namespace_to_omegaconf(args).lr_scheduler, opt), opt
+
+    sched, opt = build("--updates-per-epoch", "10")
     for u, lr in ((0, 0.7), (49, 0.7), (50, 0.35), (54, 0.35), (55, 0.175), (75, 0.7 / 2**6)):
         sched.step_update(u)
         assert opt.get_lr() == pytest.approx(lr), u
+    sched, opt = build()  # the epoch measured: the same schedule
+    seen = run_halving(sched, opt, 8, 10)
+    assert [seen[u] for u in (49, 50, 54, 55, 75)] == pytest.approx([0.7, 0.35, 0.35, 0.175, 0.7 / 2**6])
