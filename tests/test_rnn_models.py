@@ -653,6 +653,23 @@ def test_halving_schedule_measured_in_the_first_epoch_halves_from_the_second():
         assert lr == pytest.approx(expected_lr(u, 40, after=1)), u
 
 
+def test_halving_schedule_halves_within_the_first_epoch_when_its_length_is_given():
+    sched, opt = make_halving(halve_after_epochs=0.5, updates_per_epoch=10)
+    for u, lr in ((4, 0.7), (5, 0.35), (10, 0.175)):
+        sched.step_update(u)
+        assert opt.get_lr() == pytest.approx(lr), u
+
+
+def test_halving_schedule_resumed_with_another_updates_per_epoch_follows_the_flag():
+    """The checkpoint measured 40 updates an epoch; --updates-per-epoch 20 on the resumed run wins."""
+    measured, opt = make_halving()
+    run_halving(measured, opt, 2, 40)
+    resumed, opt = make_halving(updates_per_epoch=20)
+    resumed.load_state_dict(measured.state_dict())
+    resumed.step_update(100)
+    assert opt.get_lr() == pytest.approx(expected_lr(100, 20))
+
+
 def test_halving_schedule_measures_the_epoch_at_a_later_epoch_too():
     """Resumed at epoch 3 from a checkpoint without the measurement (another scheduler's): 80 updates
     in two epochs are 40 an epoch."""
