@@ -377,9 +377,9 @@ def test_architectures_have_the_papers_sizes():
 
 def builtin(src, tgt, **flags):
     torch.manual_seed(3)
-    args = Namespace(arch="transformer", encoder_layers=2, decoder_layers=2, encoder_embed_dim=16,
-                     encoder_ffn_embed_dim=32, encoder_attention_heads=4, decoder_attention_heads=4,
-                     dropout=0.0, max_source_positions=64, max_target_positions=64, **flags)
+    args = Namespace(**{"arch": "transformer", "encoder_layers": 2, "decoder_layers": 2, "encoder_embed_dim": 16,
+                        "encoder_ffn_embed_dim": 32, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+                        "dropout": 0.0, "max_source_positions": 64, "max_target_positions": 64, **flags})
     ARCH_CONFIG_REGISTRY["transformer"](args)
     return ARCH_MODEL_REGISTRY["transformer"].build_model(args, task(src, tgt)).eval(), args
 
@@ -443,13 +443,32 @@ def test_converted_builtin_transformer_generates_the_same_hypotheses(beam):
     assert words > 2 * src_tokens.size(0)
 
 
+def test_converted_builtin_transformer_aligns_with_the_same_layer():
+    """Three decoder layers: the converted model's attention (what --print-alignment prints) is
+    fairseq's, the last layer's, not another's."""
+    fairseq_model, args = builtin(SRC, TGT, decoder_layers=3)
+    new_args = convert_args(args)
+    ours = VaswaniTransformerModel.build_model(copy.copy(new_args), task(SRC, TGT)).eval()
+    ours.load_state_dict(convert_state_dict(fairseq_model.state_dict(), new_args))
+    src_tokens, prev = tokens(SRC, [9, 4, 6]), prev_output(TGT, [7, 8, 3])
+    with torch.no_grad():
+        expected = fairseq_model(src_tokens, src_tokens.ne(SRC.pad()).sum(1), prev)[1]["attn"][0]
+        got = ours(src_tokens, None, prev)[1]["attn"][0]
+    real = prev.ne(TGT.pad())
+    assert (got - expected)[real].abs().max() < TOL
+
+
 def test_converter_refuses_what_it_cannot_reproduce():
     _, args = builtin(JOINED, JOINED, activation_fn="gelu")
     with pytest.raises(Exception, match="activation_fn='gelu'"):
         convert_args(args)
     fairseq_model, args = builtin(JOINED, JOINED)
     state = dict(fairseq_model.state_dict(), **{"encoder.layernorm_embedding.weight": torch.ones(16)})
-    with pytest.raises(Exception, match="encoder.layernorm_embedding.weight"):
+    with pytest.raises(Exception, match=r"^parameter encoder.layernorm_embedding.weight \(and 0 more\) has no "
+                                        "counterpart in vaswani_transformer$"):
+        convert_state_dict(state, convert_args(args))
+    state["encoder.layernorm_embedding.bias"] = torch.zeros(16)
+    with pytest.raises(Exception, match=r"^parameter encoder.layernorm_embedding.bias \(and 1 more\)"):
         convert_state_dict(state, convert_args(args))
 
 
@@ -666,6 +685,26 @@ def test_build_errors_name_the_flag():
         build(encoder_attention_heads=3)
     with pytest.raises(ConfigError, match="--alignment-layer 5"):
         build(alignment_layer=5)
+    for encoder, decoder in ((64, 32), (32, 64)):
+        with pytest.raises(ConfigError, match=rf"--share-all-embeddings needs --encoder-embed-dim \({encoder}\) == "
+                                              rf"--decoder-embed-dim \({decoder}\)"):
+            build(share_all_embeddings=True, encoder_embed_dim=encoder, decoder_embed_dim=decoder)
+
+
+def test_alignment_layer_counts_from_either_end_and_refuses_the_layers_it_has_not():
+    """--alignment-layer L of the tiny model's 2 decoder layers: 0 and 1, or -2 and -1 from the top;
+    2 and -3 are refused (taken modulo 2 they would silently pick a layer)."""
+    src, prev = tokens(JOINED, [5, 4]), prev_output(JOINED, [4, 4])
+    attn = {}
+    for layer in (-2, -1, 0, 1):
+        model = build(share_all_embeddings=True, alignment_layer=layer)  # the same weights every time
+        with torch.no_grad():
+            attn[layer] = model(src, None, prev)[1]["attn"][0]
+    assert torch.equal(attn[-2], attn[0]) and torch.equal(attn[-1], attn[1])
+    assert not torch.allclose(attn[0], attn[1])
+    for layer in (2, -3):
+        with pytest.raises(ConfigError, match=f"--alignment-layer {layer} is outside the 2 decoder layers"):
+            build(share_all_embeddings=True, alignment_layer=layer)
 
 
 def test_training_mode_skips_attention_weights_and_applies_dropout():
