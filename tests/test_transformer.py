@@ -13,7 +13,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
+from fairseq_plugins.models.transformer_convert import SHARED_FLAGS, convert_args, convert_state_dict
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.transformer import VaswaniTransformerModel
 from fairseq_plugins.modules.beam_cache import BeamCache, get_cache
@@ -278,6 +278,23 @@ def test_projections_start_as_in_fairseq_xavier_per_matrix(cross, kdim):
         assert out.bias.abs().max() == 0
 
 
+def test_embeddings_and_an_untied_output_projection_start_as_fairseqs():
+    """N(0, d_model^-1/2) with a zero padding row, as fairseq's transformer (its ``Embedding``);
+    an untied pre-softmax projection N(0, d_model^-1/2) too."""
+    d = 256
+    model = build(src=SRC, tgt=TGT, encoder_embed_dim=d, decoder_embed_dim=d, encoder_attention_heads=4)
+    assert model.decoder.output_projection.weight is not model.decoder.embed_tokens.weight
+    for w in (model.encoder.embed_tokens.weight, model.decoder.embed_tokens.weight,
+              model.decoder.output_projection.weight):
+        rows = torch.ones(w.size(0), dtype=torch.bool)
+        if w is not model.decoder.output_projection.weight:
+            assert w[SRC.pad()].abs().max() == 0
+            rows[SRC.pad()] = False
+        values = w.detach()[rows]
+        assert values.std().item() == pytest.approx(d**-0.5, rel=0.1)
+        assert abs(values.mean().item()) < 0.1 * d**-0.5
+
+
 def test_heads_must_divide_the_embedding():
     with pytest.raises(ConfigError, match="embedding dimension 10 is not divisible by the number of attention heads 3"):
         MultiheadAttention(10, 3)
@@ -456,6 +473,22 @@ def test_converted_builtin_transformer_aligns_with_the_same_layer():
         got = ours(src_tokens, None, prev)[1]["attn"][0]
     real = prev.ne(TGT.pad())
     assert (got - expected)[real].abs().max() < TOL
+
+
+def test_converter_reads_fairseqs_nested_transformer_config():
+    """A checkpoint whose cfg.model is fairseq's TransformerConfig (``encoder``/``decoder`` sub-configs,
+    as hydra-train writes it) converts to the options of the same model's flat form."""
+    from fairseq.models.transformer import TransformerConfig
+    from omegaconf import OmegaConf
+
+    _, args = builtin(SRC, TGT, decoder_layers=3, encoder_normalize_before=True, decoder_learned_pos=True,
+                      decoder_embed_dim=24, decoder_ffn_embed_dim=48)
+    nested = OmegaConf.structured(TransformerConfig.from_namespace(args))
+    nested._name = "transformer"
+    flat, from_nested = convert_args(args), convert_args(nested)
+    assert {f: getattr(from_nested, f) for f in SHARED_FLAGS} == {f: getattr(flat, f) for f in SHARED_FLAGS}
+    assert (from_nested.decoder_layers, from_nested.decoder_embed_dim, from_nested.encoder_normalize_before,
+            from_nested.decoder_learned_pos) == (3, 24, True, True)
 
 
 def test_converter_refuses_what_it_cannot_reproduce():
