@@ -13,7 +13,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_plugins.models.transformer_convert import SHARED_FLAGS, convert_args, convert_state_dict
+from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.transformer import VaswaniTransformerModel
 from fairseq_plugins.modules.beam_cache import BeamCache, get_cache
@@ -486,7 +486,11 @@ def test_converter_reads_fairseqs_nested_transformer_config():
     nested = OmegaConf.structured(TransformerConfig.from_namespace(args))
     nested._name = "transformer"
     flat, from_nested = convert_args(args), convert_args(nested)
-    assert {f: getattr(from_nested, f) for f in SHARED_FLAGS} == {f: getattr(flat, f) for f in SHARED_FLAGS}
+    flags = [f"{side}_{name}" for side in ("encoder", "decoder")
+             for name in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "learned_pos")]
+    flags += ["dropout", "attention_dropout", "activation_dropout", "share_all_embeddings",
+              "share_decoder_input_output_embed", "max_source_positions", "max_target_positions", "fairseq_positions"]
+    assert {f: getattr(from_nested, f) for f in flags} == {f: getattr(flat, f) for f in flags}
     assert (from_nested.decoder_layers, from_nested.decoder_embed_dim, from_nested.encoder_normalize_before,
             from_nested.decoder_learned_pos) == (3, 24, True, True)
 

@@ -51,14 +51,6 @@ SAME_COMPUTATION = {
     "scale_resids": False,
 }
 
-# copied as they are: the flags both models share
-SHARED_FLAGS = [
-    f"{side}_{name}" for side in ("encoder", "decoder")
-    for name in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads",
-                 "normalize_before", "learned_pos")
-] + ["dropout", "attention_dropout", "activation_dropout", "share_all_embeddings",
-     "share_decoder_input_output_embed", "max_source_positions", "max_target_positions"]
-
 # old checkpoints numbered the layer norms of a layer
 LAYER_NORM_NAMES = {
     "encoder": {"0": "self_attn_layer_norm", "1": "final_layer_norm"},
@@ -97,10 +89,8 @@ def convert_args(model_cfg) -> Namespace:
     if (getattr(old, "decoder_input_dim", d_dec), getattr(old, "decoder_output_dim", d_dec)) != (d_dec, d_dec):
         raise CheckpointError("fairseq options decoder_input_dim/decoder_output_dim differ from "
                               f"decoder_embed_dim {d_dec}: no counterpart in {ARCH}")
-    new = copy.copy(old)
+    new = copy.copy(old)  # the flags both models share keep their values
     new.arch = new._name = ARCH
-    for flag in SHARED_FLAGS:
-        setattr(new, flag, getattr(old, flag))
     new.fairseq_positions = True
     new.alignment_layer = -1  # fairseq's default: the last decoder layer
     return new
