@@ -485,7 +485,9 @@ def test_converter_reads_fairseqs_nested_transformer_config():
                       decoder_embed_dim=24, decoder_ffn_embed_dim=48)
     nested = OmegaConf.structured(TransformerConfig.from_namespace(args))
     nested._name = "transformer"
-    flat, from_nested = convert_args(args), convert_args(nested)
+    # as a checkpoint's cfg keeps them: interpolations into the whole config, resolved on reading
+    nested.decoder.input_dim = nested.decoder.output_dim = "${model.decoder.embed_dim}"
+    flat, from_nested = convert_args(args), convert_args(OmegaConf.create({"model": nested}).model)
     flags = [f"{side}_{name}" for side in ("encoder", "decoder")
              for name in ("layers", "embed_dim", "ffn_embed_dim", "attention_heads", "normalize_before", "learned_pos")]
     flags += ["dropout", "attention_dropout", "activation_dropout", "share_all_embeddings",
@@ -493,6 +495,17 @@ def test_converter_reads_fairseqs_nested_transformer_config():
     assert {f: getattr(from_nested, f) for f in flags} == {f: getattr(flat, f) for f in flags}
     assert (from_nested.decoder_layers, from_nested.decoder_embed_dim, from_nested.encoder_normalize_before,
             from_nested.decoder_learned_pos) == (3, 24, True, True)
+
+
+def test_converter_reads_the_old_name_of_the_activation_dropout():
+    """Checkpoints before fairseq renamed --relu-dropout keep only relu_dropout; later ones keep
+    activation_dropout, whatever relu_dropout says."""
+    _, args = builtin(SRC, TGT)
+    del args.activation_dropout
+    args.relu_dropout = 0.2
+    assert convert_args(args).activation_dropout == 0.2
+    args.activation_dropout = 0.3
+    assert convert_args(args).activation_dropout == 0.3
 
 
 def test_converter_refuses_what_it_cannot_reproduce():
