@@ -512,6 +512,14 @@ def test_converter_refuses_what_it_cannot_reproduce():
     _, args = builtin(JOINED, JOINED, activation_fn="gelu")
     with pytest.raises(Exception, match="activation_fn='gelu'"):
         convert_args(args)
+    for arch in ("lstm", "vaswani_transformer", "transformer_lm"):  # another family, ours, a language model
+        with pytest.raises(Exception, match=f"^architecture '{arch}' is not of fairseq's 'transformer' family$"):
+            convert_args(Namespace(arch=arch))
+    for option in ("decoder_input_dim", "decoder_output_dim"):
+        for size in (8, 32):  # the decoder's embedding is 16 wide
+            _, args = builtin(JOINED, JOINED, **{option: size})
+            with pytest.raises(Exception, match="decoder_input_dim/decoder_output_dim differ from decoder_embed_dim 16"):
+                convert_args(args)
     fairseq_model, args = builtin(JOINED, JOINED)
     state = dict(fairseq_model.state_dict(), **{"encoder.layernorm_embedding.weight": torch.ones(16)})
     with pytest.raises(Exception, match=r"^parameter encoder.layernorm_embedding.weight \(and 0 more\) has no "
