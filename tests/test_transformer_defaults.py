@@ -57,6 +57,13 @@ def test_a_decoder_that_differs_from_the_encoder_is_named_in_one_line(caplog):
                      "(--decoder-layers/--decoder-attention-heads do not follow --encoder-*, as in "
                      "fairseq's transformer)"]
     caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fairseq_plugins.models"):  # the decoder the smaller
+        build(encoder_layers=6, decoder_layers=6, decoder_attention_heads=2)
+    lines = [r.getMessage() for r in caplog.records if "decoder" in r.getMessage()]
+    assert lines == ["vaswani_transformer: encoder 6 layers, 4 heads; decoder 6 layers, 2 heads "
+                     "(--decoder-layers/--decoder-attention-heads do not follow --encoder-*, as in "
+                     "fairseq's transformer)"]
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="fairseq_plugins.models"):
         build(encoder_layers=2, decoder_layers=2, decoder_attention_heads=4)
     assert not [r for r in caplog.records if "decoder" in r.getMessage()]
