@@ -19,6 +19,7 @@ from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.lr_schedulers._single_lr import single_lr
 
 
 @dataclass
@@ -36,14 +37,12 @@ class InverseSqrtWarmupConfig(FairseqDataclass):
 class InverseSqrtWarmupSchedule(FairseqLRScheduler):
     def __init__(self, cfg: InverseSqrtWarmupConfig, optimizer):
         super().__init__(cfg, optimizer)
-        if len(cfg.lr) != 1:  # fairseq's --lr is a list: a per-epoch one, or empty (--lr '')
-            raise ConfigError(f"--lr {cfg.lr}: inverse_sqrt_warmup takes exactly one value, not a per-epoch list")
+        scale = single_lr(cfg.lr, "inverse_sqrt_warmup")
         if cfg.warmup_updates < 1:
             raise ConfigError(f"--warmup-updates {cfg.warmup_updates}: must be at least 1")
         if cfg.model_dim is not None and cfg.model_dim < 1:
             raise ConfigError(f"--model-dim {cfg.model_dim}: must be a positive model width")
         self.warmup = cfg.warmup_updates
-        scale = cfg.lr[0]
         self.peak = scale if cfg.model_dim is None else scale / math.sqrt(cfg.model_dim * self.warmup)
         self.step_update(0)
 

@@ -21,6 +21,7 @@ from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.lr_schedulers._single_lr import single_lr
 
 
 @dataclass
@@ -45,8 +46,7 @@ class SutskeverHalvingSchedule(FairseqLRScheduler):
 
     def __init__(self, cfg: SutskeverHalvingConfig, optimizer):
         super().__init__(cfg, optimizer)
-        if len(cfg.lr) != 1:
-            raise ConfigError(f"--lr {list(cfg.lr)}: sutskever_halving takes exactly one value, not a per-epoch list")
+        self.base_lr = single_lr(cfg.lr, "sutskever_halving")
         if cfg.halve_every_epochs <= 0:
             raise ConfigError(f"--halve-every-epochs must be positive, got {cfg.halve_every_epochs}")
         if cfg.updates_per_epoch < 0:
@@ -56,7 +56,6 @@ class SutskeverHalvingSchedule(FairseqLRScheduler):
                 f"--halve-after-epochs {cfg.halve_after_epochs} < 1 needs --updates-per-epoch "
                 "(it is otherwise measured from the first epoch)"
             )
-        self.base_lr = cfg.lr[0]
         self.updates_per_epoch: Optional[float] = cfg.updates_per_epoch or None
         self.epoch_began: Optional[int] = None
         self.optimizer.set_lr(self.base_lr)
