@@ -13,7 +13,7 @@ from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
+from fairseq_plugins.models.transformer_convert import check_loads, convert_args, convert_state_dict
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.transformer import VaswaniTransformerModel
 from fairseq_plugins.modules.beam_cache import BeamCache, get_cache
@@ -528,6 +528,19 @@ def test_converter_refuses_what_it_cannot_reproduce():
     state["encoder.layernorm_embedding.bias"] = torch.zeros(16)
     with pytest.raises(Exception, match=r"^parameter encoder.layernorm_embedding.bias \(and 1 more\)"):
         convert_state_dict(state, convert_args(args))
+
+
+def test_converter_checks_that_the_converted_weights_load_strictly():
+    """The converter's last check builds the model and loads its weights strictly: a parameter too
+    few or too many is an error there, not a model that loads with some weights left at random."""
+    fairseq_model, args = builtin(SRC, TGT)
+    new_args = convert_args(args)
+    state = convert_state_dict(fairseq_model.state_dict(), new_args)
+    check_loads(state, new_args)
+    with pytest.raises(RuntimeError, match='Missing key.*"decoder.layers.1.fc2.bias"'):
+        check_loads({k: v for k, v in state.items() if k != "decoder.layers.1.fc2.bias"}, new_args)
+    with pytest.raises(RuntimeError, match='Unexpected key.*"decoder.extra"'):
+        check_loads(dict(state, **{"decoder.extra": torch.zeros(1)}), new_args)
 
 
 # ---------------------------------------------------------------- incremental decoding

@@ -73,8 +73,16 @@ def test_converter_errors_are_one_line(data_bin, tmp_path, capsys):
     existing.write_bytes(b"keep me")
     not_a_checkpoint = tmp_path / "notes.txt"
     not_a_checkpoint.write_text("hello\n")
+    stripped, lstm = tmp_path / "stripped.pt", tmp_path / "lstm.pt"
+    published_checkpoint(str(stripped), data_bin)
+    state = torch.load(stripped, weights_only=False)
+    torch.save(dict(state, args=None), stripped)  # what fairseq's loader reads, no options in it
+    state["args"].arch = "lstm"  # another family's options: the message names the file
+    torch.save(state, lstm)
     for argv, message in [
         ([str(not_a_checkpoint), str(tmp_path / "a.pt")], "notes.txt: not a readable checkpoint"),
+        ([str(stripped), str(tmp_path / "c.pt")], "stripped.pt: not a fairseq model checkpoint (no cfg.model)"),
+        ([str(lstm), str(tmp_path / "d.pt")], "lstm.pt: architecture 'lstm' is not of fairseq's 'transformer' family"),
         ([str(tmp_path / "missing.pt"), str(tmp_path / "b.pt")], "missing.pt does not exist"),
         ([str(not_a_checkpoint), str(existing)], "out.pt exists; pass --force"),
     ]:
@@ -217,52 +225,68 @@ def published_layout(state):
     return dict(pre_2019_layout(state), **{"encoder.version": torch.tensor([2.0])})
 
 
-def test_published_args_only_checkpoint_converts_and_translates_as_fairseq_does(data_bin, tmp_path):
-    """A checkpoint as the published transformer_vaswani_wmt_en_de_big files are: ``args`` (a Namespace
-    of the training flags of the time: relu_dropout, lr a float, data a list), no ``cfg``, fused
-    attention weights. fairseq-plugins-convert-transformer converts it; the result gives fairseq's
-    own log-probabilities of the file and fairseq-generate's translations of it."""
+def published_checkpoint(path, data, **flags):
+    """Write a checkpoint as the published transformer_vaswani_wmt_en_de_big files are: ``args`` (a
+    Namespace of the training flags of the time: relu_dropout, lr a float, data a list), no ``cfg``,
+    fused attention weights; fairseq's model on ``data``'s dictionaries, ``flags`` over the tiny sizes."""
     from fairseq.data import Dictionary
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-    joined = Dictionary.load(os.path.join(data_bin, "dict.src.txt"))
-    args = Namespace(
-        arch="transformer_vaswani_wmt_en_de_big", task="translation", data=[data_bin], source_lang="src",
+    src, tgt = (Dictionary.load(os.path.join(data, f"dict.{lang}.txt")) for lang in ("src", "tgt"))
+    args = Namespace(**dict(dict(
+        arch="transformer_vaswani_wmt_en_de_big", task="translation", data=[data], source_lang="src",
         target_lang="tgt", encoder_embed_dim=32, encoder_ffn_embed_dim=64, decoder_embed_dim=32,
         decoder_ffn_embed_dim=64, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=4, decoder_attention_heads=4, share_all_embeddings=True, dropout=0.3,
         attention_dropout=0.1, relu_dropout=0.0, max_source_positions=256, max_target_positions=256,
         criterion="label_smoothed_cross_entropy", label_smoothing=0.1, optimizer="adam", lr=0.0005,
-        min_lr=1e-09, lr_scheduler="inverse_sqrt", warmup_updates=4000, max_tokens=3584, seed=1)
+        min_lr=1e-09, lr_scheduler="inverse_sqrt", warmup_updates=4000, max_tokens=3584, seed=1), **flags))
     model_args = Namespace(**vars(args))
     ARCH_CONFIG_REGISTRY[args.arch](model_args)
     torch.manual_seed(0)
     model = ARCH_MODEL_REGISTRY["transformer"].build_model(
-        model_args, Namespace(source_dictionary=joined, target_dictionary=joined))
-    published = str(tmp_path / "model.pt")
+        model_args, Namespace(source_dictionary=src, target_dictionary=tgt))
     torch.save({"args": args, "model": published_layout(model.state_dict()),
                 "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
                                        "optimizer_name": "FairseqAdam", "lr_scheduler_state": {"best": 3.9},
                                        "num_updates": 1000}],
                 "extra_state": {"epoch": 3, "batch_offset": 0, "val_loss": 3.9}, "last_optimizer_state": {}},
-               published)
-    assert any(k.endswith("self_attn.in_proj_weight") for k in torch.load(published, weights_only=False)["model"])
+               path)
 
-    converted = str(tmp_path / "converted.pt")
-    convert_transformer.main([published, converted])  # the console script's main, in this process
+
+def scored_alike(data, theirs, ours):
+    """Load both checkpoints with fairseq's loader and compare their log-probabilities of 12 validation
+    pairs (to float32 rounding, and not all near zero); returns the two models."""
     models = {}
-    for name, path in (("fairseq", published), ("ours", converted)):
-        ensemble, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data_bin})
+    for name, path in (("fairseq", theirs), ("ours", ours)):
+        ensemble, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
         task.load_dataset("valid")
         models[name] = (ensemble[0].eval(), task)
     assert type(models["ours"][0]).__name__ == "VaswaniTransformerModel"
     assert type(models["fairseq"][0]).__name__ == "TransformerModel"
-    sample = valid_batch(models["fairseq"][1])
+    task = models["fairseq"][1]
+    sample = valid_batch(task)
     with torch.no_grad():
         lp = {name: model.get_normalized_probs(model(**sample["net_input"]), log_probs=True)
               for name, (model, _) in models.items()}
-    real = sample["target"].ne(joined.pad())
+    real = sample["target"].ne(task.target_dictionary.pad())
     assert lp["ours"].abs()[real].max() > 1 and (lp["ours"] - lp["fairseq"])[real].abs().max() < 1e-5
+    return models["fairseq"][0], models["ours"][0]
+
+
+def test_published_args_only_checkpoint_converts_and_translates_as_fairseq_does(data_bin, tmp_path):
+    """A published-style checkpoint (:func:`published_checkpoint`, the pre-2019 layout):
+    fairseq-plugins-convert-transformer converts it; the result gives fairseq's own
+    log-probabilities of the file and fairseq-generate's translations of it."""
+    published = str(tmp_path / "model.pt")
+    published_checkpoint(published, data_bin)
+    assert any(k.endswith("self_attn.in_proj_weight") for k in torch.load(published, weights_only=False)["model"])
+
+    converted = str(tmp_path / "converted.pt")
+    convert_transformer.main([published, converted])  # the console script's main, in this process
+    scored_alike(data_bin, published, converted)
+    # plain containers and the options' Namespace: the file loads weights-only, as fairseq's own
+    assert torch.load(converted, weights_only=True)["cfg"]["model"].arch == "vaswani_transformer"
     # the scores agree to float32 rounding (as the log-probabilities above), the words and alignments exactly
     out = {name: generate_in_process(tmp_path / name, data_bin, path, "--print-alignment")
            for name, path in (("theirs", published), ("ours", converted))}
@@ -273,3 +297,19 @@ def test_published_args_only_checkpoint_converts_and_translates_as_fairseq_does(
         assert [h[0] for h in ours[sid]] == pytest.approx([h[0] for h in theirs[sid]], abs=1e-4)
     alignments = {name: [line for line in text.splitlines() if line.startswith("A-")] for name, text in out.items()}
     assert len(alignments["ours"]) == 30 and alignments["ours"] == alignments["theirs"]
+
+
+
+def test_separate_dictionaries_convert_and_score_as_fairseq_does(data_bin_separate, tmp_path):
+    """Source and target dictionaries of different sizes, each side its own embeddings and an untied
+    output projection: the converter builds each side on its own dictionary's size (the decoder's from
+    its embeddings' rows), and the converted model scores as fairseq's."""
+    published = str(tmp_path / "model.pt")
+    published_checkpoint(published, data_bin_separate, share_all_embeddings=False)
+    converted = str(tmp_path / "converted.pt")
+    convert_transformer.main([published, converted])
+    theirs, ours = scored_alike(data_bin_separate, published, converted)
+    sizes = [m.embed_tokens.num_embeddings for m in (ours.encoder, ours.decoder)]
+    assert sizes == [theirs.encoder.embed_tokens.num_embeddings, theirs.decoder.embed_tokens.num_embeddings]
+    assert sizes[0] != sizes[1]
+    assert ours.decoder.output_projection.weight is not ours.decoder.embed_tokens.weight
