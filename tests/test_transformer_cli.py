@@ -299,7 +299,6 @@ def test_published_args_only_checkpoint_converts_and_translates_as_fairseq_does(
     assert len(alignments["ours"]) == 30 and alignments["ours"] == alignments["theirs"]
 
 
-
 def test_separate_dictionaries_convert_and_score_as_fairseq_does(data_bin_separate, tmp_path):
     """Source and target dictionaries of different sizes, each side its own embeddings and an untied
     output projection: the converter builds each side on its own dictionary's size (the decoder's from
