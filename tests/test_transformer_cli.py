@@ -233,14 +233,15 @@ def published_checkpoint(path, data, **flags):
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     src, tgt = (Dictionary.load(os.path.join(data, f"dict.{lang}.txt")) for lang in ("src", "tgt"))
-    args = Namespace(**dict(dict(
+    args = Namespace(
         arch="transformer_vaswani_wmt_en_de_big", task="translation", data=[data], source_lang="src",
         target_lang="tgt", encoder_embed_dim=32, encoder_ffn_embed_dim=64, decoder_embed_dim=32,
         decoder_ffn_embed_dim=64, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=4, decoder_attention_heads=4, share_all_embeddings=True, dropout=0.3,
         attention_dropout=0.1, relu_dropout=0.0, max_source_positions=256, max_target_positions=256,
         criterion="label_smoothed_cross_entropy", label_smoothing=0.1, optimizer="adam", lr=0.0005,
-        min_lr=1e-09, lr_scheduler="inverse_sqrt", warmup_updates=4000, max_tokens=3584, seed=1), **flags))
+        min_lr=1e-09, lr_scheduler="inverse_sqrt", warmup_updates=4000, max_tokens=3584, seed=1)
+    vars(args).update(flags)
     model_args = Namespace(**vars(args))
     ARCH_CONFIG_REGISTRY[args.arch](model_args)
     torch.manual_seed(0)
