@@ -343,6 +343,40 @@ def test_paper_initialisation_statistics():
     assert pytorch.decoder.cell.W.bias.abs().max() > 0  # PyTorch defaults are not the paper's
 
 
+GRU_PAPER = dict(encoder_embed_dim=620, decoder_embed_dim=620, encoder_hidden_size=1000, decoder_hidden_size=1000,
+                 maxout_dim=500, encoder_layers=1, decoder_layers=1, dropout=0.0, deep_output_state="current")
+GRU_TINY = dict(GRU_PAPER, encoder_embed_dim=32, decoder_embed_dim=32, encoder_hidden_size=64, decoder_hidden_size=64,
+                maxout_dim=32)
+LIMITS = dict(max_source_positions=1024, max_target_positions=1024)
+
+
+@pytest.mark.parametrize("arch,expected", [
+    # Bahdanau et al. appendices A and B: m = 620, n = 1000, l = 500, n' = 1000, no dropout, one layer each;
+    # PyTorch's initialisation (issue 18, docs/DEFAULTS.md)
+    ("rnnsearch", dict(GRU_PAPER, attention_hidden_size=1000, init="pytorch", **LIMITS)),
+    ("rnnencdec", dict(GRU_PAPER, init="pytorch", **LIMITS)),
+    # the tiny sizes of the quickstart and the CPU tests (their docstring)
+    ("rnnsearch_tiny", dict(GRU_TINY, attention_hidden_size=64, init="pytorch", **LIMITS)),
+    ("rnnencdec_tiny", dict(GRU_TINY, init="pytorch", **LIMITS)),
+    # Sutskever et al. section 3.4: 4 layers of 1000 cells, 1000-dim embeddings, U(-0.08, 0.08), the source reversed
+    ("seq2seq_lstm", dict(encoder_embed_dim=1000, decoder_embed_dim=1000, encoder_hidden_size=1000,
+                          decoder_hidden_size=1000, encoder_layers=4, decoder_layers=4, dropout=0.0,
+                          reverse_source=True, init="paper", **LIMITS)),
+    ("seq2seq_lstm_tiny", dict(encoder_embed_dim=32, decoder_embed_dim=32, encoder_hidden_size=64,
+                               decoder_hidden_size=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                               reverse_source=True, init="paper", **LIMITS)),
+])
+def test_the_architectures_defaults_are_the_papers(arch, expected):
+    args = argparse.Namespace(arch=arch)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    assert {k: getattr(args, k) for k in expected} == expected
+    given = argparse.Namespace(arch=arch, encoder_hidden_size=8, maxout_dim=6, dropout=0.2)
+    ARCH_CONFIG_REGISTRY[arch](given)  # what the command line gave stays
+    assert (given.encoder_hidden_size, given.dropout, getattr(given, "maxout_dim", 6)) == (8, 0.2, 6)
+    if arch.startswith("seq2seq"):  # the decoder's LSTM must match the encoder's: it follows it
+        assert given.decoder_hidden_size == 8
+
+
 @pytest.mark.parametrize("arch", ["rnnsearch", "rnnsearch_tiny", "rnnencdec", "rnnencdec_tiny"])
 def test_gru_models_default_to_pytorch_initialisation(arch):
     """Issue 18: the paper's N(0, 0.01²) barely learns in short Adam runs, so it is opt-in."""

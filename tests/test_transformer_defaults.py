@@ -79,3 +79,35 @@ def test_ffn_starts_from_nn_linears_initialisation_by_default_and_xavier_on_requ
     xavier = math.sqrt(6 / (64 + 256))  # U(±√(6 / (fan_in + fan_out))), zero biases
     assert fc1.bias.abs().max() == 0
     assert fc1.weight.abs().max() <= xavier and fc1.weight.std() == pytest.approx(xavier / math.sqrt(3), rel=0.05)
+
+
+@pytest.mark.parametrize("ours,theirs", [("vaswani_transformer", "transformer"),
+                                         ("vaswani_transformer_base", "transformer"),
+                                         ("vaswani_transformer_big", "transformer_vaswani_wmt_en_de_big")])
+def test_every_option_fairseqs_architecture_fills_in_is_filled_in_as_fairseq_does(ours, theirs):
+    a, b = vars(filled(ours)), vars(filled(theirs))
+    shared = sorted(k for k in a if k in b and k != "arch")
+    assert len(shared) >= 19  # sizes, dropouts, pre-LN, learned positions, ties, activation checkpointing
+    assert {k: a[k] for k in shared} == {k: b[k] for k in shared}
+
+
+@pytest.mark.parametrize("name,n,d_model,d_ff,h,p_drop", [
+    ("vaswani_transformer", 6, 512, 2048, 8, 0.1),  # Table 3, base
+    ("vaswani_transformer_big", 6, 1024, 4096, 16, 0.3),  # Table 3, big
+    ("vaswani_transformer_tiny", 2, 64, 256, 4, 0.1),  # its docstring: CPU tests and the quickstart
+])
+def test_the_architectures_sizes_are_table_3s(name, n, d_model, d_ff, h, p_drop):
+    args = filled(name)
+    for side in ("encoder", "decoder"):
+        assert [getattr(args, f"{side}_{s}") for s in SIZES] == [n, d_model, d_ff, h]
+    assert args.dropout == p_drop
+
+
+def test_the_suites_own_options_default_to_the_paper_and_to_fairseqs_limits():
+    from fairseq.models.transformer import DEFAULT_MAX_SOURCE_POSITIONS, DEFAULT_MAX_TARGET_POSITIONS
+    args = filled("vaswani_transformer")
+    assert (args.max_source_positions, args.max_target_positions) == (DEFAULT_MAX_SOURCE_POSITIONS,
+                                                                      DEFAULT_MAX_TARGET_POSITIONS)
+    assert args.fairseq_positions is False  # the paper's sinusoids
+    assert args.ffn_init == "linear" and args.alignment_layer == -1  # fairseq's FFN start, the top layer
+    assert filled("vaswani_transformer", max_source_positions=64).max_source_positions == 64
