@@ -602,6 +602,7 @@ def test_seq2seq_encoder_reads_the_reversed_source_and_leaves_the_input_alone():
     ("rnnsearch_tiny", {"maxout_dim": 0}, "--maxout-dim"),
     ("rnnencdec_tiny", {"maxout_dim": -2}, "--maxout-dim"),
     ("rnnsearch_tiny", {"decoder_layers": 2}, "--decoder-layers"),
+    ("rnnencdec_tiny", {"decoder_layers": 0}, "--decoder-layers"),  # fewer than one too
     ("rnnsearch_tiny", {"attention_hidden_size": 0}, "--attention-hidden-size"),
     ("seq2seq_lstm_tiny", {"decoder_layers": 3}, "--decoder-layers"),
     ("seq2seq_lstm_tiny", {"decoder_layers": 1}, "--decoder-layers"),  # either side larger
