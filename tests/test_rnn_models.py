@@ -372,7 +372,7 @@ def test_the_architectures_defaults_are_the_papers(arch, expected):
     assert {k: getattr(args, k) for k in expected} == expected
     given = argparse.Namespace(arch=arch, encoder_hidden_size=8, maxout_dim=6, dropout=0.2)
     ARCH_CONFIG_REGISTRY[arch](given)  # what the command line gave stays
-    assert (given.encoder_hidden_size, given.dropout, getattr(given, "maxout_dim", 6)) == (8, 0.2, 6)
+    assert (given.encoder_hidden_size, given.maxout_dim, given.dropout) == (8, 6, 0.2)
     if arch.startswith("seq2seq"):  # the decoder's LSTM must match the encoder's: it follows it
         assert given.decoder_hidden_size == 8
 
