@@ -1,5 +1,6 @@
-"""The README is a short front door, and every relative link in it and in docs/*.md leads somewhere:
-an existing file, and for ``file.md#anchor`` a heading of that file (GitHub's anchor rules)."""
+"""The README is a short front door (one screen, no run logs in it), and every relative link in it, in
+docs/*.md and in the raw reports under reports/ leads somewhere: an existing file, and for
+``file.md#anchor`` a heading of that file (GitHub's anchor rules)."""
 import ast
 import re
 import sys
@@ -9,8 +10,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
-README_MAX_LINES = 250
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "reports").rglob("*.md"))
+README_MAX_LINES = 150
+MAX_CELL = 200  # characters in one table cell of the README
+MAX_LINE = 200  # characters in one line of the README
+# What dates a README and goes stale with every run: a date or clock time, a commit hash (7 to 40 hex
+# digits with a letter and a digit), the name of a CPU's instruction set.
+STALE = {
+    "a date": re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}:\d{2}(?::\d{2})? ?UTC\b"),
+    "a commit hash": re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"),
+    "a CPU flag": re.compile(r"\b(?:AVX-?512(?:[-_]?\w+)?|AVX-VNNI|AVX2?|VNNI|AMX(?:-\w+)?|FMA|SSE\d*)\b",
+                             re.IGNORECASE),
+}
 
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HTML_LINK = re.compile(r"<(?:img|a)\b[^>]*?\b(?:src|href)=\"([^\"]+)\"", re.IGNORECASE)
@@ -123,9 +134,55 @@ def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
 
 
+def readme_problems(text):
+    """One line per way ``text`` (a README) is more than a front door: too long, a long line or table
+    cell, a date, a commit hash or a CPU flag."""
+    lines = text.splitlines()
+    problems = [f"{len(lines)} lines; move detail into docs/ (at most {README_MAX_LINES})"] * (len(lines) > README_MAX_LINES)
+    for number, line in enumerate(lines, 1):
+        if len(line) > MAX_LINE:
+            problems.append(f"line {number}: {len(line)} characters (at most {MAX_LINE})")
+        if line.lstrip().startswith("|"):
+            for cell in line.strip().strip("|").split("|"):
+                if len(cell.strip()) > MAX_CELL:
+                    problems.append(f"line {number}: a table cell of {len(cell.strip())} characters (at most {MAX_CELL})")
+        for what, pattern in STALE.items():
+            for match in pattern.finditer(line):
+                problems.append(f"line {number}: {what}, {match.group()!r}")
+    return problems
+
+
 def test_readme_is_a_front_door():
-    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
-    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/ (at most {README_MAX_LINES})"
+    assert readme_problems((ROOT / "README.md").read_text(encoding="utf-8")) == []
+
+
+def test_the_front_door_check_finds_each_problem():
+    table = "| a | " + "x" * 201 + " |"
+    text = "\n".join(["# Title", table, "run of 2026-12-07 06:33 UTC", "at commit dd8e41a", "with AVX512-BF16 and AMX",
+                      "y" * 201, "BLEU 78.6 on 2 cores, torch 2.13.0, `--autocast-bf16`, deadline 30 min"])
+    assert readme_problems(text) == [
+        "line 2: 209 characters (at most 200)",
+        "line 2: a table cell of 201 characters (at most 200)",
+        "line 3: a date, '2026-12-07'",
+        "line 3: a date, '06:33 UTC'",
+        "line 4: a commit hash, 'dd8e41a'",
+        "line 5: a CPU flag, 'AVX512-BF16'",
+        "line 5: a CPU flag, 'AMX'",
+        "line 6: 201 characters (at most 200)",
+    ]
+    assert readme_problems("\n" * README_MAX_LINES) == []
+    assert readme_problems("\n" * (README_MAX_LINES + 1)) == [f"{README_MAX_LINES + 1} lines; move detail into docs/ "
+                                                              f"(at most {README_MAX_LINES})"]
+
+
+def test_no_script_writes_the_readme():
+    """A fresh-clone run leaves the README as committed: no script, example or package module opens it to
+    write (the run's figures belong in reports/)."""
+    writes = re.compile(r"README\.md[\"']?\)?\s*,\s*[\"'][wa]|README\.md[^\n]*\.write_text|>>?\s*\"?(?:\$\w+/)?README\.md")
+    found = [f"{path.relative_to(ROOT)}" for folder in ("scripts", "examples", "fairseq_plugins", ".ci")
+             for path in sorted((ROOT / folder).rglob("*")) if path.suffix in (".py", ".sh", "") and path.is_file()
+             and writes.search(path.read_text(encoding="utf-8", errors="replace"))]
+    assert found == []
 
 
 REGISTRATION = re.compile(r"register_(model_architecture|criterion|lr_scheduler|task)\(\s*\"\w+\"(?:\s*,\s*\"(\w+)\")?")
