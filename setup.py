@@ -4,27 +4,30 @@ from setuptools import find_packages, setup
 from fairseq_plugins_tools import TOOLS  # the tools that start without torch or fairseq
 
 CONSOLE_SCRIPTS = {
-    # name: module under fairseq_plugins.cli exposing main()
-    "fairseq-plugins-make-corpus": "make_corpus",
-    "fairseq-plugins-average": "average_checkpoints",
-    "fairseq-plugins-convert-transformer": "convert_transformer",
-    "fairseq-plugins-benchmark": "benchmark",
-    "fairseq-plugins-benchmark-scale": "benchmark_scale",
-    "fairseq-plugins-plot-alignment": "plot_alignment",
-    "fairseq-plugins-nounk-bleu": "nounk_bleu",
-    "fairseq-plugins-export-ctranslate2": "export_ctranslate2",
-    "fairseq-plugins-benchmark-ctranslate2": "benchmark_ctranslate2",
-    "fairseq-plugins-export-hf": "export_hf",
-    "fairseq-plugins-serve": "serve",
-    "fairseq-plugins-benchmark-serve": "benchmark_serve",
-    "fairseq-plugins-export-onnx": "export_onnx",
+    # name: module exposing main(); fairseq_plugins_lab is the benchmarks (-scale, -ctranslate2 and -serve run
+    # the sub-commands scale, engines and serve of fairseq-plugins-benchmark, under their old names)
+    "fairseq-plugins-make-corpus": "fairseq_plugins.cli.make_corpus",
+    "fairseq-plugins-average": "fairseq_plugins.cli.average_checkpoints",
+    "fairseq-plugins-convert-transformer": "fairseq_plugins.cli.convert_transformer",
+    "fairseq-plugins-benchmark": "fairseq_plugins_lab.cli.benchmark",
+    "fairseq-plugins-benchmark-scale": "fairseq_plugins_lab.cli.benchmark_scale",
+    "fairseq-plugins-plot-alignment": "fairseq_plugins.cli.plot_alignment",
+    "fairseq-plugins-nounk-bleu": "fairseq_plugins.cli.nounk_bleu",
+    "fairseq-plugins-export-ctranslate2": "fairseq_plugins.cli.export_ctranslate2",
+    "fairseq-plugins-benchmark-ctranslate2": "fairseq_plugins_lab.cli.benchmark_ctranslate2",
+    "fairseq-plugins-export-hf": "fairseq_plugins.cli.export_hf",
+    "fairseq-plugins-serve": "fairseq_plugins.cli.serve",
+    "fairseq-plugins-benchmark-serve": "fairseq_plugins_lab.cli.benchmark_serve",
+    "fairseq-plugins-export-onnx": "fairseq_plugins.cli.export_onnx",
 }
 
 setup(
     name="fairseq-plugins",
     version="0.1.0",
     description="RNNsearch, RNNencdec, seq2seq LSTM and the Transformer, exact to their papers, as fairseq plugins",
-    packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*"]),
+    # fairseq_plugins_lab: the benchmarks and experiment tooling, a package apart from the plugin's
+    packages=find_packages(include=["fairseq_plugins", "fairseq_plugins.*", "fairseq_plugins_lab",
+                                    "fairseq_plugins_lab.*"]),
     py_modules=["fairseq_plugins_tools", "fairseq_plugins_onnx"],
     package_data={"fairseq_plugins.serve": ["page.html", "heatmap.js"],  # the page fairseq-plugins-serve sends
                   "fairseq_plugins.export": ["onnx_page.html", "onnx_page.js"]},  # the ONNX folder's page
@@ -65,7 +68,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            f"{name}=fairseq_plugins.cli.{module}:main" for name, module in CONSOLE_SCRIPTS.items()
+            f"{name}={module}:main" for name, module in CONSOLE_SCRIPTS.items()
         ] + [f"{name}=fairseq_plugins_tools:{function}" for name, function in TOOLS.items()]
     },
 )

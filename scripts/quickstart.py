@@ -9,9 +9,9 @@ what is missing. Run it through ``bash scripts/quickstart.sh``.
 import argparse
 import os
 
-from fairseq_plugins import experiment
 from fairseq_plugins.analysis import generate_output
 from fairseq_plugins.analysis.bleu_by_length import scores_by_bucket
+from fairseq_plugins_lab import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 
-from fairseq_plugins import experiment
-from fairseq_plugins.analysis.memory import count, last_update, rss_mib, verdict
 from fairseq_plugins.analysis.report import markdown_table
+from fairseq_plugins_lab import experiment
+from fairseq_plugins_lab.memory import count, last_update, rss_mib, verdict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

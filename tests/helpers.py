@@ -9,7 +9,7 @@ from fairseq import checkpoint_utils
 
 import fairseq_plugins
 from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
-from fairseq_plugins.experiment import run_parallel
+from fairseq_plugins_lab.experiment import run_parallel
 
 USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
 REPO = os.path.dirname(USER_DIR)

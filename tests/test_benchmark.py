@@ -12,13 +12,12 @@ import torch.nn.functional as F
 from helpers import needs_native_bf16, run
 from torch.utils.flop_counter import FlopCounterMode
 
-from fairseq_plugins.cli import benchmark_scale
-from fairseq_plugins.benchmarks import measure
-from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS
-from fairseq_plugins.benchmarks.report import describe_run
-from fairseq_plugins.cli import benchmark
 from fairseq_plugins.cli.common import cli_main
 from fairseq_plugins.errors import PluginError
+from fairseq_plugins_lab.benchmarks import measure
+from fairseq_plugins_lab.benchmarks.flops import EXTRA_FLOP_FORMULAS
+from fairseq_plugins_lab.benchmarks.report import describe_run
+from fairseq_plugins_lab.cli import benchmark, benchmark_scale
 
 MEASUREMENTS = [
     "train target tokens/s",
@@ -233,7 +232,7 @@ def test_the_papers_gru_counts_as_its_matmuls_in_generation_too():
     """Without autograd the papers' GRU runs as one ``scan`` (generation), which torch's counter
     refuses by itself: counted step by step, it is 2·tokens·(W + U_zr + U) per direction, as the
     training loop counts it."""
-    from fairseq_plugins.benchmarks.flops import count_scan_steps
+    from fairseq_plugins_lab.benchmarks.flops import count_scan_steps
     from fairseq_plugins.modules.gru import GRU
 
     count_scan_steps()

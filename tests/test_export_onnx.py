@@ -680,7 +680,7 @@ def test_serve_accepts_the_folder(folders, generated, tmp_path):
     alignments (the API's alignment leaves </s> of either side out)."""
     import httpx
 
-    from fairseq_plugins.benchmarks.serve import ServerProcess
+    from fairseq_plugins_lab.benchmarks.serve import ServerProcess
 
     expected = generated["rnnsearch"]
     ids = [i for i in sorted(expected) if len(expected[i][1].split()) < MAX_LEN][:5]

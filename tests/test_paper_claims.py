@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from fairseq_plugins.analysis import claims
+from fairseq_plugins_lab import claims
 from helpers import REPO, run
 
 VERDICTS = (claims.HOLDS, claims.FAILS, claims.NOT_SEPARABLE)

@@ -22,10 +22,10 @@ from fairseq.models import BaseFairseqModel
 from helpers import BIN, ONE_THREAD, run
 from sacremoses import MosesTokenizer
 
-from fairseq_plugins.benchmarks.serve import ServerProcess, run_load
 from fairseq_plugins.cli.serve import get_parser
 from fairseq_plugins.errors import PluginError
 from fairseq_plugins.serve.backends import load_backend
+from fairseq_plugins_lab.benchmarks.serve import ServerProcess, run_load
 
 pytestmark = pytest.mark.slow
 
@@ -399,7 +399,7 @@ def test_graceful_timeout_ends_a_request_that_would_outlast_it(ct2_dir, sources,
 def test_benchmark_serve_takes_server_flags_after_dashes_as_its_help_shows(ct2_dir, sources, tmp_path):
     """``fairseq-plugins-benchmark-serve MODEL --sentences F -- --threads 1`` as typed, installed;
     each form its --help shows parses; a wrong server flag is refused in one line before any server starts."""
-    from fairseq_plugins.cli import benchmark_serve
+    from fairseq_plugins_lab.cli import benchmark_serve
 
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("\n".join(sources[:4]) + "\n")

@@ -16,7 +16,7 @@ import pytest
 from helpers import ONE_THREAD
 from playwright.sync_api import sync_playwright  # the test extra
 
-from fairseq_plugins.benchmarks.serve import ServerProcess
+from fairseq_plugins_lab.benchmarks.serve import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ import sys
 import pytest
 from PIL import Image
 
-from fairseq_plugins.analysis.memory import verdict
+from fairseq_plugins_lab.memory import verdict
 from helpers import REPO, run
 
 

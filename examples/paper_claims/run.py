@@ -9,7 +9,7 @@ with the same number of updates (the two ``-clock`` runs get the same minutes in
 translated with beam 4 from the average of its last 5 checkpoints (one every 1/20 of the
 budget, so the last quarter of the run; the learning rate is flat there). Each claim gets one
 verdict per corpus, computed from the seeds' means and spread by the rule of
-``fairseq_plugins/analysis/claims.py``: it "holds" only if the difference of the means is
+``fairseq_plugins_lab/claims.py``: it "holds" only if the difference of the means is
 larger than the seed-to-seed standard deviation. WORK/REPORT.md holds the verdicts, mean ± std
 tables, the BLEU-by-length plot with error bands, alignment pictures and training curves;
 WORK/claims.csv every seed's raw numbers. ``--quick`` runs the same code on a tiny budget with
@@ -23,9 +23,9 @@ import platform
 import sys
 import time
 
-from fairseq_plugins import experiment
-from fairseq_plugins.analysis import claims, generate_output, report as report_io
+from fairseq_plugins.analysis import generate_output, report as report_io
 from fairseq_plugins.analysis.bleu_by_length import scores_by_bucket, source_length
+from fairseq_plugins_lab import claims, experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -233,7 +233,7 @@ def report(argv, out, corpora, results, extra, seconds, load):
              f"with beam 4. The -clock runs get {extra['clock_minutes']:g} minutes each and no update limit. "
              f"{extra['jobs']} trainings ran at a time, 1 thread each.", "",
              "## Verdicts", "",
-             "Rule (fairseq_plugins/analysis/claims.py): with d = mean(a) − mean(b) over the seeds and spread = "
+             "Rule (fairseq_plugins_lab/claims.py): with d = mean(a) − mean(b) over the seeds and spread = "
              "the larger sample standard deviation of the two sides, a claim *holds* if d > spread, *does not "
              "hold* if d < −spread, and is *not separable from seed spread* otherwise. A rule of thumb for "
              "a few seeds, not a significance test.", "",

@@ -19,7 +19,7 @@ import re
 import statistics
 import sys
 
-from fairseq_plugins.experiment import run_parallel, say, train_and_evaluate
+from fairseq_plugins_lab.experiment import run_parallel, say, train_and_evaluate
 
 # Transformer: layers per side, d_model, d_ff, heads. RNN: embedding, encoder hidden per
 # direction, decoder hidden, attention hidden n', maxout l (lstm's decoder-out-embed-dim).

@@ -11,7 +11,7 @@ import fairseq
 import torch
 
 from fairseq_plugins.analysis.report import markdown_table
-from fairseq_plugins.benchmarks.presets import COMPILED, MODELS, length_limits
+from fairseq_plugins_lab.benchmarks.presets import COMPILED, MODELS, length_limits
 from fairseq_plugins.hardware import describe_cpu
 
 # The suite's performance targets, ours / built-in at the cpu preset in fp32, by row: (ratio,
@@ -177,7 +177,7 @@ def describe_run(args, seconds: float, hardware: str = "") -> List[str]:
 
 
 def engine_table(rows: List[Dict]) -> str:
-    """The markdown table of :func:`~fairseq_plugins.benchmarks.engines.time_engines`'s rows,
+    """The markdown table of :func:`~fairseq_plugins_lab.benchmarks.engines.time_engines`'s rows,
     each engine against fairseq's row of the same model and threads."""
     table = []
     for row in rows:

@@ -9,8 +9,8 @@ hypotheses equal fairseq's. fairseq decodes through ``task.build_generator`` (fa
 SequenceGenerator, batches of ``--batch-size`` sentences by length), beam ``--beam``, length
 penalty 1, ``--max-len``; one process, ``torch.set_num_threads`` for the threads; a suite model
 also with its decoding options (``SUITE_DECODING``: ``--compile-decoding``, and with int8 linear layers). The engines
-come from exports: functions like :func:`fairseq_plugins.benchmarks.ctranslate2.ctranslate2_engines`
-and :func:`fairseq_plugins.benchmarks.onnx.onnx_engines`.
+come from exports: functions like :func:`fairseq_plugins_lab.benchmarks.ctranslate2.ctranslate2_engines`
+and :func:`fairseq_plugins_lab.benchmarks.onnx.onnx_engines`.
 """
 import os
 import tempfile
@@ -24,8 +24,8 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU
 
-from fairseq_plugins.benchmarks.measure import generation_model
-from fairseq_plugins.benchmarks.report import describe_run, engine_table
+from fairseq_plugins_lab.benchmarks.measure import generation_model
+from fairseq_plugins_lab.benchmarks.report import describe_run, engine_table
 from fairseq_plugins.checkpoints import save_state
 from fairseq_plugins.export.common import read_checkpoint
 from fairseq_plugins.modules.beam_cache import BeamCacheDecoder
@@ -83,7 +83,7 @@ def engine(open_translator: Callable, translate: Callable) -> Callable:
 def measure_checkpoint(checkpoint: str, args, work_dir: str, exports: Sequence[Callable]) -> List[Dict]:
     """Rows {checkpoint, threads, engine, sentences_per_s: [...], bleu, identical} of one model:
     fairseq-generate and the engines of each of ``exports`` (functions like
-    :func:`fairseq_plugins.benchmarks.ctranslate2.ctranslate2_engines`)."""
+    :func:`fairseq_plugins_lab.benchmarks.ctranslate2.ctranslate2_engines`)."""
     model, task = _prepared(checkpoint, args)
     fairseq = {"fairseq": model}
     if isinstance(model.decoder, BeamCacheDecoder):  # a suite model: also with its decoding options

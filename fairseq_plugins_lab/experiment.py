@@ -13,11 +13,12 @@ import time
 
 import sacrebleu
 
+import fairseq_plugins
 from fairseq_plugins.analysis.generate_output import read_generate
 from fairseq_plugins.checkpoints import UPDATE_PATTERN, average_states, averaging_window, save_state
 from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
 
-USER_DIR = os.path.dirname(os.path.abspath(__file__))
+USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))  # what --user-dir loads
 BIN = os.path.dirname(sys.executable)
 
 

@@ -21,8 +21,8 @@ import warnings
 import torch  # noqa: F401
 import torch._dynamo  # noqa: F401  (torch.optim imports it lazily, seconds: once here, not per measurement)
 
-from fairseq_plugins.benchmarks.measure import measure_generation, measure_matmul_ceiling, measure_training
-from fairseq_plugins.benchmarks.presets import (
+from fairseq_plugins_lab.benchmarks.measure import measure_generation, measure_matmul_ceiling, measure_training
+from fairseq_plugins_lab.benchmarks.presets import (
     COMPILED,
     MODELS,
     PRESETS,
@@ -33,7 +33,7 @@ from fairseq_plugins.benchmarks.presets import (
     prepare_data,
     training_argv,
 )
-from fairseq_plugins.benchmarks.report import format_report
+from fairseq_plugins_lab.benchmarks.report import format_report
 from fairseq_plugins.errors import PluginError
 
 
@@ -159,13 +159,13 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
                 table[(pair, kind, model)].append(result)
     engine_rows = []
     if args.onnx or args.ctranslate2:  # onnxruntime, onnxscript and ctranslate2 only then
-        from fairseq_plugins.benchmarks.engines import ENGINES_MAX_LEN, measure_trained
+        from fairseq_plugins_lab.benchmarks.engines import ENGINES_MAX_LEN, measure_trained
 
         settings = {"data": args.data, "subset": "test", "threads": [args.threads or torch.get_num_threads()],
                     "repeats": args.repeats, "beam": args.beam, "max_len": args.max_len or ENGINES_MAX_LEN,
                     "batch_size": args.gen_batch}
-        onnx = [importlib.import_module("fairseq_plugins.benchmarks.onnx").onnx_engines] if args.onnx else []
-        ctranslate2 = ([importlib.import_module("fairseq_plugins.benchmarks.ctranslate2").ctranslate2_engines]
+        onnx = [importlib.import_module("fairseq_plugins_lab.benchmarks.onnx").onnx_engines] if args.onnx else []
+        ctranslate2 = ([importlib.import_module("fairseq_plugins_lab.benchmarks.ctranslate2").ctranslate2_engines]
                        if args.ctranslate2 else [])
         for pair in pairs:
             exports = onnx + (ctranslate2 if pair == "transformer" else [])  # CTranslate2 converts Transformers only

@@ -1,11 +1,11 @@
 """fairseq-plugins-benchmark-serve MODEL --sentences FILE [--clients 32] [--requests 2000] [-- SERVER FLAGS]
 
-What is measured and how: :mod:`fairseq_plugins.benchmarks.serve`.
+What is measured and how: :mod:`fairseq_plugins_lab.benchmarks.serve`.
 """
 import sys
 import tempfile
 
-from fairseq_plugins.benchmarks.serve import benchmark
+from fairseq_plugins_lab.benchmarks.serve import benchmark
 from fairseq_plugins.cli import serve
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 from fairseq_plugins.errors import ConfigError

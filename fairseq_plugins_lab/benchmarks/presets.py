@@ -10,11 +10,10 @@ import subprocess
 import sys
 from typing import Dict, List
 
-import fairseq_plugins
 from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
 from fairseq_plugins.errors import ConfigError, PluginError
+from fairseq_plugins_lab.experiment import USER_DIR
 
-USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
 PAIR_NAMES = ("transformer", "rnnsearch")
 MODELS = ("ours", "theirs")
 COMPILED = "compiled"  # ours decoding with --compile-decoding, a third generation measurement of each pair

@@ -1,4 +1,4 @@
-"""The measurements, each run in a fresh process (:func:`fairseq_plugins.benchmarks.harness.in_fresh_process`).
+"""The measurements, each run in a fresh process (:func:`fairseq_plugins_lab.benchmarks.harness.in_fresh_process`).
 
 * training: target tokens/s of fairseq's own ``Trainer.train_step`` (data loading included,
   as in ``fairseq-train``) over a fixed number of updates after warm-up updates;
@@ -25,7 +25,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 from torch.utils.flop_counter import FlopCounterMode
 
-from fairseq_plugins.benchmarks.flops import EXTRA_FLOP_FORMULAS, count_scan_steps
+from fairseq_plugins_lab.benchmarks.flops import EXTRA_FLOP_FORMULAS, count_scan_steps
 from fairseq_plugins.errors import PluginError
 from fairseq_plugins.hardware import native_bf16
 from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict

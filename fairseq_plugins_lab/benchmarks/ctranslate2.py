@@ -1,6 +1,6 @@
 """CTranslate2 (float32, int8) exports of a ``vaswani_transformer`` checkpoint as benchmark engines.
 
-:func:`ctranslate2_engines` is an export for :mod:`fairseq_plugins.benchmarks.engines` (which
+:func:`ctranslate2_engines` is an export for :mod:`fairseq_plugins_lab.benchmarks.engines` (which
 times it against ``fairseq-generate``): each engine translates through
 ``Translator.translate_batch`` with ``max_batch_size`` ``--batch-size``, beam ``--beam``, length
 penalty 1 and the same maximum length as fairseq, ``intra_threads`` for the threads.
@@ -8,7 +8,7 @@ penalty 1 and the same maximum length as fairseq, ``intra_threads`` for the thre
 import tempfile
 from typing import Callable, Dict, List
 
-from fairseq_plugins.benchmarks.engines import engine
+from fairseq_plugins_lab.benchmarks.engines import engine
 from fairseq_plugins.export.ctranslate2 import export
 
 

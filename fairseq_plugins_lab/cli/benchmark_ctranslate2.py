@@ -1,10 +1,10 @@
 """fairseq-plugins-benchmark-ctranslate2 DATA CHECKPOINT [CHECKPOINT ...] [--threads 1 2] [--engine ctranslate2 onnx] [--out FILE]
 
-What is measured and how: :mod:`fairseq_plugins.benchmarks.engines`; the engines:
-:mod:`~fairseq_plugins.benchmarks.ctranslate2`, :mod:`~fairseq_plugins.benchmarks.onnx`.
+What is measured and how: :mod:`fairseq_plugins_lab.benchmarks.engines`; the engines:
+:mod:`~fairseq_plugins_lab.benchmarks.ctranslate2`, :mod:`~fairseq_plugins_lab.benchmarks.onnx`.
 """
-from fairseq_plugins.benchmarks.ctranslate2 import ctranslate2_engines
-from fairseq_plugins.benchmarks.engines import run
+from fairseq_plugins_lab.benchmarks.ctranslate2 import ctranslate2_engines
+from fairseq_plugins_lab.benchmarks.engines import run
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 from fairseq_plugins.export.ctranslate2 import check_exportable as ctranslate2_exportable
 
@@ -39,7 +39,7 @@ def main(argv=None):
         exports, checks = [], []
         for name in names:
             if name == "onnx":  # onnxruntime and onnxscript only then
-                from fairseq_plugins.benchmarks.onnx import onnx_engines
+                from fairseq_plugins_lab.benchmarks.onnx import onnx_engines
                 from fairseq_plugins.export.onnx import check_exportable
 
                 exports.append(onnx_engines)

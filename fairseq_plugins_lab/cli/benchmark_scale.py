@@ -3,11 +3,11 @@
     fairseq-plugins-benchmark-scale [--data DIR] [--preset tiny|cpu] [--processes 2] [--repeats 3]
                                     [--budget-minutes M] [--out FILE]
 
-What is measured and how: :mod:`fairseq_plugins.benchmarks.scale`.
+What is measured and how: :mod:`fairseq_plugins_lab.benchmarks.scale`.
 """
-from fairseq_plugins.benchmarks import scale
-from fairseq_plugins.benchmarks.presets import PRESETS, complete_run_args
-from fairseq_plugins.benchmarks.report import write_report
+from fairseq_plugins_lab.benchmarks import scale
+from fairseq_plugins_lab.benchmarks.presets import PRESETS, complete_run_args
+from fairseq_plugins_lab.benchmarks.report import write_report
 from fairseq_plugins.cli.common import ArgumentParser, add_data_args, cli_main
 
 

@@ -29,8 +29,8 @@ import tempfile
 import threading
 import time
 
-from fairseq_plugins.benchmarks.harness import Budget, log
-from fairseq_plugins.benchmarks.presets import (
+from fairseq_plugins_lab.benchmarks.harness import Budget, log
+from fairseq_plugins_lab.benchmarks.presets import (
     MODELS,
     PRESETS,
     _dictionaries,
@@ -40,7 +40,7 @@ from fairseq_plugins.benchmarks.presets import (
     training_argv,
 )
 from fairseq_plugins.analysis.report import markdown_table
-from fairseq_plugins.benchmarks.report import PAIR_LABELS, describe_run
+from fairseq_plugins_lab.benchmarks.report import PAIR_LABELS, describe_run
 from fairseq_plugins.errors import PluginError
 
 FAIRSEQ_TRAIN = shutil.which("fairseq-train", path=os.path.dirname(sys.executable)) or "fairseq-train"

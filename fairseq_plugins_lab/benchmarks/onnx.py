@@ -1,6 +1,6 @@
 """``fairseq-generate`` against the ONNX Runtime folder (float32, int8) on the same checkpoints and test set.
 
-As :mod:`fairseq_plugins.benchmarks.engines` times them (same rows, same timing: sentences per second
+As :mod:`fairseq_plugins_lab.benchmarks.engines` times them (same rows, same timing: sentences per second
 and per CPU-second, interleaved repeats, BLEU, hypotheses equal to fairseq's), with the engines
 ``onnx float32`` and ``onnx int8``: folders written by ``fairseq-plugins-export-onnx`` (any family),
 decoded by :class:`fairseq_plugins_onnx.Translator` with one ONNX Runtime thread per ``--threads``.
@@ -8,7 +8,7 @@ decoded by :class:`fairseq_plugins_onnx.Translator` with one ONNX Runtime thread
 import tempfile
 from typing import Callable, Dict, List
 
-from fairseq_plugins.benchmarks.engines import engine
+from fairseq_plugins_lab.benchmarks.engines import engine
 from fairseq_plugins.export.onnx import export
 
 

@@ -4,13 +4,13 @@
                               [--fp16 | --bf16] [--beam 4] [--max-len L] [--repeats 3]
                               [--budget-minutes M] [--onnx] [--ctranslate2] [--out FILE]
 
-What is measured and how: :mod:`fairseq_plugins.benchmarks`.
+What is measured and how: :mod:`fairseq_plugins_lab.benchmarks`.
 """
 import os
 
-from fairseq_plugins.benchmarks.harness import run
-from fairseq_plugins.benchmarks.presets import PAIR_NAMES, PRESETS, complete_run_args
-from fairseq_plugins.benchmarks.report import write_report
+from fairseq_plugins_lab.benchmarks.harness import run
+from fairseq_plugins_lab.benchmarks.presets import PAIR_NAMES, PRESETS, complete_run_args
+from fairseq_plugins_lab.benchmarks.report import write_report
 from fairseq_plugins.cli.common import ArgumentParser, add_data_args, cli_main
 from fairseq_plugins.errors import ConfigError
 

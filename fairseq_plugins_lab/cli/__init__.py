@@ -1,0 +1,1 @@
+"""``fairseq-plugins-benchmark`` and its sub-commands (:mod:`.benchmark`), one module each."""
