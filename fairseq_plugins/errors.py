@@ -1,7 +1,7 @@
 """The suite's errors: each message is one line naming the flag, file or value at fault.
 
 fairseq's command-line tools print them without a traceback (see
-:mod:`fairseq_plugins.patches.one_line_errors`), so ``fairseq-train --user-dir fairseq_plugins ...``
+:mod:`fairseq_plugins.patches.command_line`), so ``fairseq-train --user-dir fairseq_plugins ...``
 ends with ``error: <message>``.
 """
 

@@ -610,7 +610,7 @@ def test_clean_exit():
 
 def test_one_line_errors(capsys):
     error = ConfigError("--arch nope: no such model")
-    with out("one_line_errors"):
+    with out("command_line"):
         sys.excepthook(ConfigError, error, None)
         assert capsys.readouterr().err.strip().splitlines()[-1].endswith("ConfigError: --arch nope: no such model")
     sys.excepthook(ConfigError, error, None)

@@ -1,0 +1,34 @@
+"""What a new user types first, and every line it prints: fairseq's own tools with the suite loaded."""
+import os
+
+import pytest
+from helpers import USER_DIR, run
+
+TOOLS = ["fairseq-train", "fairseq-generate", "fairseq-interactive"]
+
+
+def lines(proc):
+    return proc.stdout.strip().splitlines()
+
+
+def test_a_misspelled_arch_is_one_line_with_the_close_match(data_bin, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    proc = run(["fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "rnnserch_tiny", "--cpu",
+                "--save-dir", save_dir], check=False)
+    assert proc.returncode == 2
+    assert len(lines(proc)) == 1, proc.stdout  # no usage, no tensorboardX or DEBUG line before it
+    assert lines(proc)[0].startswith("fairseq-train: error: --arch/-a rnnserch_tiny: not one of its ")
+    assert "did you mean rnnsearch_tiny" in proc.stdout
+    assert not save_dir.exists()
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_missing_data_directory_is_one_line_before_any_folder_is_made(tool, tmp_path):
+    data, save_dir = tmp_path / "data-bn", tmp_path / "checkpoints"
+    flags = ["--arch", "rnnsearch_tiny", "--save-dir", save_dir] if tool == "fairseq-train" else \
+        ["--path", tmp_path / "checkpoint_best.pt"]
+    proc = run([tool, data, "--user-dir", USER_DIR, "--cpu", *flags], check=False, input_text="")
+    assert proc.returncode == 2
+    assert lines(proc) == [f"{tool}: error: data directory {data}: no such folder "
+                           "(fairseq-preprocess --destdir writes one)"], proc.stdout
+    assert sorted(os.listdir(tmp_path)) == []
