@@ -14,7 +14,7 @@ from helpers import generate_in_process, parse_generation
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.modules import decoding_linear
-from fairseq_plugins.patches import compiled_decoding
+from fairseq_plugins.models import _decoding
 from fairseq_plugins.modules.decoding_linear import PrepackedLinear
 
 
@@ -122,7 +122,7 @@ def test_fairseq_generate_with_compiled_decoding_gives_the_same_hypotheses(famil
 def test_int8_decoding_quantizes_the_products_and_refuses_what_it_cannot_run(generation_models, caplog,
                                                                             monkeypatch):
     quantized = torch.ao.nn.quantized.dynamic.Linear
-    monkeypatch.setattr(compiled_decoding, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "amx_int8"])  # a Xeon
+    monkeypatch.setattr(_decoding, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "amx_int8"])  # a Xeon
     with caplog.at_level(logging.INFO):
         model = _prepare(generation_models["rnnsearch"], True, "int8")
     assert sum(isinstance(m, quantized) for m in model.modules()) == 12  # 13 but v_a, a vector
@@ -131,7 +131,7 @@ def test_int8_decoding_quantizes_the_products_and_refuses_what_it_cannot_run(gen
     assert "--quantize-decoding int8 --compile-decoding: RNNsearchModel quantizes its 12 linear layers to int8 (onednn " \
            "kernels); prepacks its 1 linear layers for oneDNN; compiles the alignment model's energies" in caplog.text
     caplog.clear()
-    monkeypatch.setattr(compiled_decoding, "cpu_flags", lambda: ["avx2", "fma"])  # an AVX2-only CPU
+    monkeypatch.setattr(_decoding, "cpu_flags", lambda: ["avx2", "fma"])  # an AVX2-only CPU
     model = _prepare(generation_models["vaswani_transformer"], False, "int8")
     assert sum(isinstance(m, quantized) for m in model.modules()) == 12
     assert f"quantizes its 12 linear layers to int8 ({torch.backends.quantized.engine} kernels)" in caplog.text

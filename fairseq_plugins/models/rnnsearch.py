@@ -15,7 +15,6 @@ import torch
 import torch.nn as nn
 from fairseq.models import (
     FairseqEncoder,
-    FairseqEncoderDecoderModel,
     register_model,
     register_model_architecture,
 )
@@ -23,6 +22,7 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.models._decoding import SuiteModel
 from fairseq_plugins.models._initialisation import log_initialisation
 from fairseq_plugins.models.rnn_common import check_positive
 from fairseq_plugins.modules.additive_attention import AdditiveAttention
@@ -164,9 +164,6 @@ class ConditionalGRUDecoder(BeamCacheDecoder):
         for name, tensor in self.context.start(cache.per_sentence(encoder_out)).items():
             cache.put("sentences", name, tensor)
 
-    def compile_step(self) -> Optional[str]:
-        return self.context.compile_step()
-
     def forward(self, prev_output_tokens, encoder_out: Optional[EncoderOut],
                 incremental_state: Optional[IncrementalState] = None, **unused):
         t, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
@@ -279,7 +276,7 @@ def check_gru_model_args(args) -> None:
 
 
 @register_model("rnnsearch")
-class RNNsearchModel(FairseqEncoderDecoderModel):
+class RNNsearchModel(SuiteModel):
     """RNNsearch: bidirectional GRU encoder, additive attention, conditional GRU decoder
     with a maxout deep output (Bahdanau et al., 2015)."""
 
@@ -299,6 +296,9 @@ class RNNsearchModel(FairseqEncoderDecoderModel):
     @staticmethod
     def base_architecture(args):
         rnnsearch_base(args)
+
+    def compile_step(self) -> Optional[str]:
+        return self.decoder.context.compile_step()
 
     @classmethod
     def build_model(cls, args, task):

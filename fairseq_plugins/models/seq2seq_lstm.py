@@ -9,7 +9,6 @@ import torch
 import torch.nn as nn
 from fairseq.models import (
     FairseqEncoder,
-    FairseqEncoderDecoderModel,
     register_model,
     register_model_architecture,
 )
@@ -18,6 +17,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pack_padded_sequence
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.models._decoding import SuiteModel
 from fairseq_plugins.models._initialisation import log_initialisation
 from fairseq_plugins.models.rnn_common import check_positive
 from fairseq_plugins.modules.beam_cache import (
@@ -157,7 +157,7 @@ class LSTMDecoder(BeamCacheDecoder):
 
 
 @register_model("seq2seq_lstm")
-class Seq2SeqLSTMModel(FairseqEncoderDecoderModel):
+class Seq2SeqLSTMModel(SuiteModel):
     """Sutskever et al. (2014): deep LSTM encoder-decoder, source reversed, no attention."""
 
     has_attention = False  # --print-alignment is refused (patches/alignment_attention.py)

@@ -30,7 +30,6 @@ import torch
 import torch.utils.checkpoint
 from fairseq.models import (
     FairseqEncoder,
-    FairseqEncoderDecoderModel,
     register_model,
     register_model_architecture,
 )
@@ -38,6 +37,7 @@ from fairseq.modules import FairseqDropout
 from torch import Tensor, nn
 
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.models._decoding import SuiteModel
 from fairseq_plugins.modules.beam_cache import (
     BeamCache,
     BeamCacheDecoder,
@@ -203,7 +203,7 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
 
 
 @register_model("vaswani_transformer")
-class VaswaniTransformerModel(FairseqEncoderDecoderModel):
+class VaswaniTransformerModel(SuiteModel):
     """Encoder–decoder Transformer, exact to Vaswani et al. (2017) by default."""
 
     @staticmethod

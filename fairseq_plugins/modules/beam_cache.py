@@ -306,11 +306,6 @@ class BeamCacheDecoder(FairseqIncrementalDecoder):
         """Puts what decoding reads into the empty ``cache`` (rows of ``encoder_out``)."""
         raise NotImplementedError
 
-    def compile_step(self) -> Optional[str]:
-        """Compiles what dominates this decoder's step when decoding (``--compile-decoding``), and
-        says what; None: nothing worth compiling (the decoder stays as it is)."""
-        return None
-
     def decoding_cache(self, incremental_state: IncrementalState, encoder_out: Optional[EncoderOut]) -> BeamCache:
         """The cache of this decoding, made from ``encoder_out`` at its first step."""
         cache = get_cache(self, incremental_state)
