@@ -100,6 +100,9 @@ def staged_folder(out_dir: str):
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}-", dir=parent)
     try:
         yield staging
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would keep the export from others; as mkdir makes it
         if os.path.exists(out_dir):
             shutil.rmtree(out_dir)
         os.rename(staging, out_dir)

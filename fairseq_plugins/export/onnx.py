@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import warnings
 from typing import Optional
 
 import fairseq_plugins_onnx
@@ -74,6 +75,8 @@ def write_graphs(model, out_dir: str) -> dict:
 
     for name in ("onnx_ir", "onnxscript", "torch.onnx"):  # a line per graph pass at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
+    # four warnings per graph that torchvision's detection ops are not registered: no model uses them
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     kinds = {**state_kinds(model), SLOTS: "slots"}
     names = list(kinds)
     encoder, step = export_model(model, attention=True, beams=True)
@@ -82,7 +85,10 @@ def write_graphs(model, out_dir: str) -> dict:
     for program, path, inputs, outputs in (
             (encoder, "encoder.onnx", ["src_tokens"], names),
             (step, "decoder_step.onnx", ["prev_token", *names], step_outputs)):
-        with torch.no_grad():  # with autograd on, decomposing the LSTM encoder's scan fails in torch 2.13
+        # with autograd on, decomposing the LSTM encoder's scan fails in torch 2.13
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch's exporter copies its own tree specs through an API it deprecated (torch 2.13)
+            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
             torch.onnx.export(program, (), os.path.join(out_dir, path), dynamo=True, input_names=inputs,
                               output_names=outputs, external_data=False, verbose=False)
     constant = [name for name, kind in kinds.items() if kind == "sentences"]

@@ -2,7 +2,7 @@
 import os
 
 import pytest
-from helpers import USER_DIR, run
+from helpers import ONE_THREAD, USER_DIR, run, train
 
 TOOLS = ["fairseq-train", "fairseq-generate", "fairseq-interactive"]
 
@@ -32,3 +32,15 @@ def test_a_missing_data_directory_is_one_line_before_any_folder_is_made(tool, tm
     assert lines(proc) == [f"{tool}: error: data directory {data}: no such folder "
                            "(fairseq-preprocess --destdir writes one)"], proc.stdout
     assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_the_onnx_export_prints_no_warning_and_others_can_read_its_folder(data_bin, tmp_path):
+    save_dir, out = tmp_path / "checkpoints", tmp_path / "onnx"
+    train(data_bin, save_dir, ["--arch", "rnnsearch_tiny"], 2)
+    printed = run(["fairseq-plugins-export-onnx", save_dir / "checkpoint_last.pt", out], env=ONE_THREAD)
+    assert not [line for line in printed.splitlines() if "torchvision" in line or "Warning" in line], printed
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(out).st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes a folder: 0755 under umask 022
+    assert {name: os.stat(out / name).st_mode & 0o777 for name in ("config.json", "encoder.onnx")} == \
+        dict.fromkeys(("config.json", "encoder.onnx"), 0o666 & ~umask)
