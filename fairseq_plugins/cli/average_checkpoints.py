@@ -10,8 +10,11 @@ Checkpoints are read with fairseq's loader (weights-only, see
 keeps the newest input's configuration and drops optimizer state (an average is evaluated, not
 resumed). On any error nothing is written.
 """
+import os
+
 from fairseq_plugins.checkpoints import average_states, checkpoint_paths, save_state
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
+from fairseq_plugins.errors import ConfigError
 
 
 def get_parser():
@@ -30,6 +33,9 @@ def get_parser():
 
 def main(argv=None):
     def average(args):
+        missing = [path for path in args.inputs if not os.path.exists(path)]
+        if missing:  # a mistyped folder is named as one, not as a wrong count of folders
+            raise ConfigError(f"--inputs {' '.join(missing)}: no such file or folder")
         paths = checkpoint_paths(args.inputs, args.num_epoch_checkpoints, args.num_update_checkpoints,
                                  args.checkpoint_upper_bound)
         print(f"averaging {len(paths)} checkpoints: {', '.join(paths)}", flush=True)
