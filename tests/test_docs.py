@@ -215,3 +215,13 @@ def test_the_readme_names_every_registered_name_and_console_script():
     assert "rnnsearch" in registered_names() and "fairseq-plugins-serve" in scripts  # the readers found the lists
     assert sorted((registered_names() | scripts) - named) == []
     assert sorted(name for name in named if name.startswith("fairseq-plugins-") and name not in scripts) == []
+
+
+def test_the_readme_links_no_raw_report():
+    """The dated reports under reports/ are for the docs' readers who ask for them, not the front door's."""
+    assert [target for _, target in links(ROOT / "README.md") if target.startswith("reports/")] == []
+
+
+def test_the_benchmarks_page_is_one_table_per_cpu_class():
+    lines = len((ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= 150, f"docs/BENCHMARKS.md has {lines} lines; dated runs go to reports/benchmarks/ (at most 150)"
