@@ -29,8 +29,9 @@ COSMIC_RAY=cosmic-ray==8.7.0
 # (pytest -x stops at the first failure, so a killed mutant costs the time to its first failing test)
 tests_for() {
     case "$1" in
-        criterions/label_smoothed_xent.py) echo "tests/test_criterion.py tests/test_bf16.py -m 'not slow'" ;;
-        lr_schedulers/inverse_sqrt_warmup.py) echo "tests/test_lr_scheduler.py" ;;
+        criterions/label_smoothed_xent.py) echo "tests/unit/criterions/test_label_smoothed_xent.py \
+tests/unit/criterions/test_bf16.py -m 'not slow'" ;;
+        lr_schedulers/inverse_sqrt_warmup.py) echo "tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py" ;;
         patches/finished_run.py) echo "tests/test_finished_run.py" ;;
         patches/patience_state.py) echo "tests/test_patience_restart.py" ;;
         patches/divergence.py) echo "tests/test_divergence.py" ;;
@@ -40,25 +41,25 @@ tests_for() {
         fairseq_plugins_onnx.py) echo "tests/test_export_onnx.py -k 'not page'" ;;  # the page runs its own JS
         patches/atomic_checkpoints.py) echo "tests/test_reliability.py tests/test_patches.py -k 'atomic or full_disk or \
 symlinks or concurrent_writes or interrupted_save or kill_9_in_the_middle'" ;;
-        modules/decoding_linear.py) echo "tests/test_decoding_linear.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
+        modules/decoding_linear.py) echo "tests/unit/modules/test_decoding_linear.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         patches/compiled_decoding.py) echo "tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         modules/multihead_attention.py) echo "tests/test_transformer.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         modules/transformer_layer.py|modules/positional_embedding.py) echo "tests/test_transformer.py \
-tests/test_transformer_defaults.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
+tests/unit/models/test_transformer_defaults.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         checkpoints.py) echo "tests/test_checkpoints.py \
 tests/test_quickstart.py::test_averaging_window_keeps_to_the_end_of_the_training_done" ;;
-        patches/checkpoint_loading.py) echo "tests/test_checkpoints.py tests/test_compat.py tests/test_fairseq_regressions.py \
+        patches/checkpoint_loading.py) echo "tests/test_checkpoints.py tests/unit/patches/test_compat.py tests/test_fairseq_regressions.py \
 tests/test_patches.py::test_checkpoint_loading tests/test_patches.py::test_the_weights_only_window_keeps_other_loads_and_later_wrappers" ;;
-        serve/batching.py) echo "tests/test_batching.py" ;;
+        serve/batching.py) echo "tests/unit/serve/test_batching.py" ;;
         patches/numerical_faults.py) echo "tests/test_numerical_faults.py" ;;
         modules/additive_attention.py) echo "tests/test_rnn_models.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         modules/conditional_gru.py|modules/maxout.py) echo "tests/test_rnn_models.py" ;;
         modules/gru.py|modules/lstm.py) echo "tests/test_rnn_models.py tests/test_torch_export.py" ;;  # scan, jit.script
         modules/recurrence.py) echo "tests/test_rnn_models.py tests/test_torch_export.py" ;;
         models/rnnsearch.py|models/rnnencdec.py|models/seq2seq_lstm.py) echo "tests/test_rnn_models.py tests/test_decoding_cache.py \
-tests/test_torch_export.py tests/test_training_oracle.py -k 'not vaswani and not transformer'" ;;
-        models/transformer.py) echo "tests/test_transformer_defaults.py tests/test_transformer.py tests/test_decoding_cache.py \
-tests/test_torch_export.py tests/test_training_oracle.py -k 'not rnn and not seq2seq and not lstm'" ;;  # not the CLI's 85 s
+tests/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not vaswani and not transformer'" ;;
+        models/transformer.py) echo "tests/unit/models/test_transformer_defaults.py tests/test_transformer.py tests/test_decoding_cache.py \
+tests/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not rnn and not seq2seq and not lstm'" ;;  # not the CLI's 85 s
         models/transformer_convert.py) echo "tests/test_transformer.py tests/test_transformer_cli.py -k 'convert'" ;;
         lr_schedulers/sutskever_halving.py) echo "tests/test_rnn_models.py tests/test_registry.py -k 'halving or registered'" ;;
         *) return 1 ;;

@@ -5,7 +5,7 @@
 #
 #   bash scripts/test_python.sh 3.12                 # the default slice below
 #   bash scripts/test_python.sh 3.10 -x -k hub        # extra arguments go to pytest
-#   bash scripts/test_python.sh 3.13 tests/test_bf16.py   # a test path replaces the slice
+#   bash scripts/test_python.sh 3.13 tests/unit/criterions/test_bf16.py   # a test path replaces the slice
 #
 # setup.py picks the fairseq distribution: official fairseq==0.12.2 below Python 3.11,
 # fairseq-fixed from 3.11. Environment: TORCH_SPEC (default torch==2.13.0; on 3.10
@@ -35,9 +35,10 @@ bash scripts/setup_env.sh
 
 # The default slice: every model family's oracles and command-line runs, the registries, the
 # fairseq-facing patches and the deployment path; not the long drills and benchmarks.
-tests=(tests/test_registry.py tests/test_criterion.py tests/test_lr_scheduler.py tests/test_compat.py
-       tests/test_transformer.py tests/test_rnn_models.py tests/test_end_to_end.py tests/test_rnn_cli.py
-       tests/test_transformer_cli.py tests/test_hub.py tests/test_user_dir.py
+tests=(tests/test_registry.py tests/unit/criterions/test_label_smoothed_xent.py
+       tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py tests/unit/patches/test_compat.py
+       tests/test_transformer.py tests/test_rnn_models.py tests/integration/test_end_to_end.py tests/test_rnn_cli.py
+       tests/test_transformer_cli.py tests/integration/test_hub.py tests/test_user_dir.py
        tests/test_export_ctranslate2.py tests/test_generation_patches.py)
 # fairseq 0.12.2 (Python 3.10) is where patches such as encoder_fast_path act: their tests too
 [ "$VERSION" != 3.10 ] || tests+=(tests/test_patches.py)

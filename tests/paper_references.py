@@ -1,6 +1,6 @@
 """The papers' equations written out, one sentence and one step at a time, reading only a
 model's parameter tensors: the independent oracles of tests/test_rnn_models.py (forward) and
-tests/test_training_oracle.py (training)."""
+tests/unit/models/test_training_oracle.py (training)."""
 import torch
 
 
