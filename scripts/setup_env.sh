@@ -26,13 +26,17 @@ if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c 'import platform; pri
     echo "== $VENV was made with another Python; recreating it with $py_version"
     rm -rf "$VENV"
 fi
-echo "== creating $VENV (Python $py_version, torch: $TORCH_SPEC); about 4 minutes on a fresh machine"
+echo "== creating $VENV (Python $py_version, torch: $TORCH_SPEC): 3 steps, about 5-8 minutes on a fresh machine"
+started=$SECONDS
+step() { echo "== step $1/3 ($((SECONDS - started)) s so far): $2"; }
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # The pins also constrain the suite's install, so fairseq's requirements cannot swap torch.
 constraints="$VENV/torch-constraints.txt"
 read -ra torch_pins <<< "$TORCH_SPEC"
 printf '%s\n' "${torch_pins[@]}" > "$constraints"
+step 1 "installing torch (the largest download)"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check "${torch_pins[@]}"
+step 2 "installing fairseq, the suite and its test tools"
 "$VENV/bin/pip" install --quiet --disable-pip-version-check -c "$constraints" -e ".[test]"
 # fairseq-fixed pulls in torchaudio, whose newest release may not load beside this torch (a CPU
 # build: libc10_cuda.so missing); transformers imports it whenever it is installed, and
@@ -44,8 +48,10 @@ printf '%s\n' "${torch_pins[@]}" > "$constraints"
     "$VENV/bin/pip" uninstall --quiet --yes torchaudio; }
 # onnxruntime-web (npm) for the page fairseq-plugins-export-onnx writes; without it the page test
 # fails naming this script, so a failed npm (its one error line above) does not stop the rest
+step 3 "onnxruntime-web for the ONNX page (npm)"
 bash scripts/setup_onnx_web.sh || true
 "$VENV/bin/python" -c "import fairseq_plugins" >/dev/null 2>&1 || {
     echo "error: $VENV: fairseq_plugins does not import after installation" >&2; exit 1; }
 rm -f "$VENV"/.installed-*
 touch "$stamp"
+echo "== $VENV ready in $((SECONDS - started)) s"

@@ -175,3 +175,27 @@ def test_export_hf_works_beside_a_torchaudio_that_cannot_load(generation_models,
                      "from transformers import pipeline\n"
                      f"print(pipeline('translation', model={str(tmp_path / 'hf')!r}, trust_remote_code=True)(['4 5 6'])[0]['translation_text'] != None)")
     assert guarded.returncode == 0 and guarded.stdout.strip().endswith("True"), guarded.stderr[-2000:]
+
+
+def test_setup_env_says_what_it_is_doing_during_the_install(tmp_path):
+    """A fresh venv takes 5-8 minutes: a line per step, with the time so far, and one when it is ready
+    (pip stubbed: it records its arguments; the interpreter is this one)."""
+    venv, web, log = tmp_path / "venv", tmp_path / "web", tmp_path / "pip.log"
+    (venv / "bin").mkdir(parents=True)
+    stub(venv / "bin", "python", f'exec {sys.executable} "$@"')
+    stub(venv / "bin", "pip", f'echo "pip $*" >> {log}')
+    package = web / "node_modules" / "onnxruntime-web" / "package.json"  # onnxruntime-web there already
+    package.parent.mkdir(parents=True)
+    version = re.search(r"^VERSION=(\S+)", open(os.path.join(REPO, "scripts", "setup_onnx_web.sh")).read(), re.M)[1]
+    package.write_text(f'{{"version": "{version}"}}')
+    proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "setup_env.sh")], capture_output=True, text=True,
+                          env=dict(os.environ, VENV=str(venv), PYTHON=sys.executable, FAIRSEQ_PLUGINS_ONNX_WEB=str(web)))
+    assert proc.returncode == 0, proc.stderr
+    steps = [re.sub(r"\(\d+ s so far\)", "(N s so far)", line) for line in proc.stdout.splitlines()]
+    assert steps[0].startswith(f"== creating {venv} (Python ") and steps[0].endswith("about 5-8 minutes on a fresh machine")
+    torchaudio = [line for line in steps if line.startswith("== removing torchaudio")]  # where it cannot load
+    assert steps[1:-1] == ["== step 1/3 (N s so far): installing torch (the largest download)",
+                           "== step 2/3 (N s so far): installing fairseq, the suite and its test tools", *torchaudio,
+                           "== step 3/3 (N s so far): onnxruntime-web for the ONNX page (npm)"]
+    assert re.fullmatch(rf"== {re.escape(str(venv))} ready in \d+ s", steps[-1])
+    assert len(log.read_text().splitlines()) >= 2  # both installs ran, through the stub
