@@ -61,7 +61,7 @@ tests/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not vas
         models/transformer.py) echo "tests/unit/models/test_transformer_defaults.py tests/test_transformer.py tests/test_decoding_cache.py \
 tests/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not rnn and not seq2seq and not lstm'" ;;  # not the CLI's 85 s
         models/transformer_convert.py) echo "tests/test_transformer.py tests/test_transformer_cli.py -k 'convert'" ;;
-        lr_schedulers/sutskever_halving.py) echo "tests/test_rnn_models.py tests/test_registry.py -k 'halving or registered'" ;;
+        lr_schedulers/sutskever_halving.py) echo "tests/test_rnn_models.py tests/unit/test_registry.py -k 'halving or registered'" ;;
         *) return 1 ;;
     esac
 }

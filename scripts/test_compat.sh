@@ -73,7 +73,8 @@ PYTHON="$COMPAT_VENV/bin/python"
 # padding and batch invariance). Not selected: analysis tools, corpus generator, quickstart,
 # WMT pipelines and reliability drills, which exercise the suite's own code rather than fairseq.
 tests=()
-for f in tests/unit/patches/test_compat.py tests/test_registry.py tests/unit/criterions/test_label_smoothed_xent.py \
+for f in tests/unit/patches/test_compat.py tests/unit/test_registry.py tests/integration/test_registry_cli.py \
+         tests/unit/criterions/test_label_smoothed_xent.py \
          tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py tests/integration/test_end_to_end.py \
          tests/test_rnn_models.py tests/test_rnn_cli.py tests/test_transformer*.py \
          tests/unit/models/test_transformer_defaults.py tests/test_numerical_faults.py; do

@@ -35,8 +35,9 @@ bash scripts/setup_env.sh
 
 # The default slice: every model family's oracles and command-line runs, the registries, the
 # fairseq-facing patches and the deployment path; not the long drills and benchmarks.
-tests=(tests/test_registry.py tests/unit/criterions/test_label_smoothed_xent.py
-       tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py tests/unit/patches/test_compat.py
+tests=(tests/unit/test_registry.py tests/integration/test_registry_cli.py
+       tests/unit/criterions/test_label_smoothed_xent.py tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py
+       tests/unit/patches/test_compat.py
        tests/test_transformer.py tests/test_rnn_models.py tests/integration/test_end_to_end.py tests/test_rnn_cli.py
        tests/test_transformer_cli.py tests/integration/test_hub.py tests/test_user_dir.py
        tests/test_export_ctranslate2.py tests/test_generation_patches.py)

@@ -1,14 +1,13 @@
 """bf16 training with ``--autocast-bf16`` of the ``label_smoothed_xent`` criterion: the
-forward runs under ``torch.autocast(bfloat16)``, weights, gradients and the loss stay fp32."""
+forward runs under ``torch.autocast(bfloat16)``, weights, gradients and the loss stay fp32.
+Training 30 updates against fp32: tests/integration/test_bf16_training.py."""
 import argparse
-import json
-import math
 
 import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-from helpers import ONE_THREAD, USER_DIR, in_parallel, needs_native_bf16, run
+from helpers import USER_DIR, needs_native_bf16
 
 import fairseq_plugins  # noqa: F401  (registers the models)
 from fairseq_plugins.criterions import label_smoothed_xent
@@ -85,35 +84,6 @@ def test_forward_runs_in_bf16_and_weights_stay_fp32(arch):
     assert all(p.dtype == torch.float32 for p in model.parameters())
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
-
-
-def train_losses(data, save_dir, arch, extra=()):
-    """Every logged training loss and the final validation loss of 30 updates."""
-    log = run(["fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, "--cpu", "--seed", "1",
-               "--criterion", "label_smoothed_xent", "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000",
-               "--max-update", "30", "--validate-interval", "1000", "--no-save", "--save-dir", save_dir,
-               "--no-progress-bar", "--log-format", "json", "--log-interval", "1", "--num-workers", "0", *extra],
-              env=ONE_THREAD)  # tiny models: a second thread only spins on a busy machine
-    train = [json.loads(line.split("| train_inner |", 1)[1])["loss"] for line in log.splitlines()
-             if "| train_inner |" in line]
-    valid = [json.loads(line.split("| valid |", 1)[1])["valid_loss"] for line in log.splitlines()
-             if "| valid |" in line]
-    return [float(x) for x in train], float(valid[-1])
-
-
-@needs_native_bf16
-@pytest.mark.slow
-@pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny"])
-def test_bf16_training_matches_fp32(data_bin, tmp_path, arch):
-    (fp32_train, fp32_valid), (bf16_train, bf16_valid) = in_parallel([  # 1 thread each
-        lambda: train_losses(data_bin, str(tmp_path / "fp32"), arch),
-        lambda: train_losses(data_bin, str(tmp_path / "bf16"), arch, ["--autocast-bf16"])])
-    assert len(bf16_train) == len(fp32_train) == 30
-    assert all(math.isfinite(x) for x in bf16_train) and math.isfinite(bf16_valid)
-    assert bf16_train[-1] < bf16_train[0] - 1.0  # it learns
-    # Same seed and batches: bf16 rounding only perturbs the trajectory. Measured: 8.068 vs
-    # 8.059 (transformer) and 8.33 vs 8.325 (rnnsearch), 0.1%; 1% leaves a 10x margin.
-    assert bf16_valid == pytest.approx(fp32_valid, rel=0.01)
 
 
 @pytest.fixture
