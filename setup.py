@@ -14,7 +14,7 @@ CONSOLE_SCRIPTS = {
     "fairseq-plugins-plot-alignment": "fairseq_plugins.cli.plot_alignment",
     "fairseq-plugins-nounk-bleu": "fairseq_plugins.cli.nounk_bleu",
     "fairseq-plugins-export-ctranslate2": "fairseq_plugins.cli.export_ctranslate2",
-    "fairseq-plugins-benchmark-ctranslate2": "fairseq_plugins_lab.cli.benchmark_ctranslate2",
+    "fairseq-plugins-benchmark-ctranslate2": "fairseq_plugins_lab.cli.benchmark_engines",
     "fairseq-plugins-export-hf": "fairseq_plugins.cli.export_hf",
     "fairseq-plugins-serve": "fairseq_plugins.cli.serve",
     "fairseq-plugins-benchmark-serve": "fairseq_plugins_lab.cli.benchmark_serve",
@@ -48,8 +48,6 @@ setup(
         "matplotlib>=3.5",
         # fairseq-train --tensorboard-logdir writes through torch.utils.tensorboard, which needs it
         "tensorboard>=2.9",
-        # fairseq imports it with every task (text_to_speech) and logs "Please install tensorboardX" without it
-        "tensorboardX>=2.6",
     ],
     extras_require={
         # CTranslate2 deployment of vaswani_transformer (fairseq-plugins-export-ctranslate2)

@@ -4,12 +4,16 @@ Speeds are never asserted (a shared 2-core machine makes them noise); the run mu
 every row of the table with its ratio, write the report file, and find the converted
 transformer's beam-search hypotheses identical to the built-in's.
 """
+import ast
+import importlib
+import os
 import re
+import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import needs_native_bf16, run
+from helpers import REPO, needs_native_bf16, run
 from torch.utils.flop_counter import FlopCounterMode
 
 from fairseq_plugins.cli.common import cli_main
@@ -17,7 +21,7 @@ from fairseq_plugins.errors import PluginError
 from fairseq_plugins_lab.benchmarks import measure
 from fairseq_plugins_lab.benchmarks.flops import EXTRA_FLOP_FORMULAS
 from fairseq_plugins_lab.benchmarks.report import describe_run
-from fairseq_plugins_lab.cli import benchmark, benchmark_scale
+from fairseq_plugins_lab.cli import benchmark, benchmark_engines, benchmark_models, benchmark_scale
 
 MEASUREMENTS = [
     "train target tokens/s",
@@ -174,9 +178,84 @@ def test_bad_flags_give_one_line_errors(argv, message, capsys):
 def test_a_report_quotes_the_command_as_main_was_given_it():
     """``main(argv)`` called from Python (here under pytest's own sys.argv): the report's command
     is that argv, quoted as a shell would need it."""
-    args = cli_main(benchmark.get_parser, lambda args: args, ["--data", "my data", "--preset", "tiny"])
+    args = cli_main(benchmark_models.get_parser, lambda args: args, ["--data", "my data", "--preset", "tiny"])
     args.load_at_start = 0.0
     assert describe_run(args, 60.0)[-1] == "- command: `fairseq-plugins-benchmark --data 'my data' --preset tiny`"
+
+
+@pytest.mark.parametrize("command", [["models"], []])
+def test_models_runs_as_a_sub_command_and_with_no_sub_command(command, tmp_path, monkeypatch):
+    """``fairseq-plugins-benchmark models FLAGS`` and today's ``fairseq-plugins-benchmark FLAGS``
+    run the same benchmark, and the report quotes the command as typed."""
+    data = tmp_path / "my data"
+    data.mkdir()
+    ran = []
+    monkeypatch.setattr(benchmark_models, "run", lambda args: ran.append(args) or "the report")
+    monkeypatch.setattr(benchmark_models, "write_report", lambda report, out: None)
+    benchmark.main([*command, "--data", str(data), "--preset", "tiny"])
+    (args,) = ran
+    assert args.preset == "tiny" and args.data == str(data) and args.pairs == ["transformer", "rnnsearch"]
+    args.load_at_start = 0.0
+    typed = " ".join(["fairseq-plugins-benchmark", *command, "--data", f"'{data}'", "--preset", "tiny"])
+    assert describe_run(args, 60.0)[-1] == f"- command: `{typed}`"
+
+
+def test_help_lists_the_sub_commands_and_each_has_its_own(capsys):
+    with pytest.raises(SystemExit) as e:
+        benchmark.main(["--help"])
+    listed = capsys.readouterr().out
+    assert e.value.code == 0 and listed.startswith("usage: fairseq-plugins-benchmark [-h] COMMAND ...")
+    for name in ("models", "engines", "scale", "serve"):
+        assert re.search(rf"^ +{name} +\S", listed, re.M), (name, listed)
+        with pytest.raises(SystemExit) as e:
+            benchmark.main([name, "--help"])
+        assert e.value.code == 0 and capsys.readouterr().out.startswith(f"usage: fairseq-plugins-benchmark {name} [-h]")
+
+
+def test_an_unknown_sub_command_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        benchmark.main(["scael", "--preset", "tiny"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("fairseq-plugins-benchmark: error: argument COMMAND: invalid choice: 'scael' (choose from ")
+
+
+@pytest.mark.parametrize("alias, name", [("fairseq-plugins-benchmark-scale", "scale"),
+                                         ("fairseq-plugins-benchmark-ctranslate2", "engines"),
+                                         ("fairseq-plugins-benchmark-serve", "serve")])
+def test_the_old_commands_run_their_sub_command(alias, name, capsys):
+    """setup.py installs each old name as the sub-command's own module, with the same flags."""
+    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    scripts = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                   and node.targets[0].id == "CONSOLE_SCRIPTS")
+    assert scripts[alias] == f"fairseq_plugins_lab.cli.{benchmark.COMMANDS[name][0]}"
+    module = importlib.import_module(scripts[alias])
+    helps = []
+    for main in (lambda: module.main(["--help"]), lambda: benchmark.main([name, "--help"])):
+        with pytest.raises(SystemExit):
+            main()
+        helps.append(capsys.readouterr().out)
+    assert helps[0].startswith(f"usage: {alias} [-h]")
+    same = [" ".join(text.split()) for text in (helps[0].replace(alias, f"fairseq-plugins-benchmark {name}"), helps[1])]
+    assert same[0] == same[1]  # but where the usage lines wrap
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--onnx"], "fairseq-plugins-benchmark: error: --onnx: onnxruntime is not installed; "
+                 "pip install 'fairseq-plugins[onnx]'"),
+    (["engines", "data-bin", "checkpoint.pt", "--engine", "ctranslate2", "onnx"],
+     "fairseq-plugins-benchmark engines: error: --engine onnx: onnxruntime is not installed; "
+     "pip install 'fairseq-plugins[onnx]'"),
+])
+def test_a_missing_engine_is_one_line_naming_its_extra(argv, line, capsys, monkeypatch):
+    """Both commands that time the ONNX engine load it from the one table of exports, which names the extra."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as where it is not installed
+    for cli in (benchmark_models, benchmark_engines):
+        monkeypatch.setattr(cli, "run", lambda *a: pytest.fail("ran without the engine"))
+    with pytest.raises(SystemExit) as e:
+        benchmark.main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err == line + "\n"
 
 
 def test_without_native_bf16_the_ceiling_is_fp32_only_and_bf16_is_refused(monkeypatch):

@@ -28,8 +28,9 @@ def cli_main(get_parser: Callable[[], ArgumentParser], body, argv: Optional[Sequ
     """
     parser = get_parser()
     args = parser.parse_args(argv)
-    # the command as run, for the reports that quote it: main(argv) called from Python has no sys.argv of its own
-    args.invocation = [parser.prog, *(sys.argv[1:] if argv is None else map(str, argv))]
+    # the command as run, for the reports that quote it: main(argv) called from Python has no sys.argv of its own;
+    # a sub-command's prog is two words
+    args.invocation = [*parser.prog.split(" "), *(sys.argv[1:] if argv is None else map(str, argv))]
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr)
     try:

@@ -6,11 +6,14 @@
 * :mod:`.harness`: fresh processes, the time budget, interleaved repeats;
 * :mod:`.report`: the markdown report;
 * :mod:`.scale`: ``fairseq-train`` throughput over processes × precision × model;
-* :mod:`.engines`: ``fairseq-generate`` vs exported engines on a test split, speed and BLEU;
+* :mod:`.engines`: ``fairseq-generate`` vs exported engines on a test split, speed and BLEU, the
+  one timing of every engine (``EXPORTS``);
 * :mod:`.ctranslate2`, :mod:`.onnx`: those engines, CTranslate2 and ONNX Runtime float32/int8 exports;
 * :mod:`.serve`: the server under concurrent clients, batched vs not.
 
-The command lines are ``fairseq-plugins-benchmark`` (``--onnx``: :mod:`.onnx`),
-``fairseq-plugins-benchmark-scale``, ``fairseq-plugins-benchmark-ctranslate2`` (``--engine
-ctranslate2 onnx``) and ``fairseq-plugins-benchmark-serve``.
+The command line is ``fairseq-plugins-benchmark`` (:mod:`fairseq_plugins_lab.cli.benchmark`) with
+the sub-commands ``models`` (the default; ``--onnx``, ``--ctranslate2``: :mod:`.engines` on the
+models it trained), ``engines`` (``--engine ctranslate2 onnx`` on given checkpoints; also installed
+as ``fairseq-plugins-benchmark-ctranslate2``), ``scale`` (``fairseq-plugins-benchmark-scale``) and
+``serve`` (``fairseq-plugins-benchmark-serve``). The suite's speed targets: :mod:`.report`.
 """

@@ -1,15 +1,15 @@
 """CTranslate2 (float32, int8) exports of a ``vaswani_transformer`` checkpoint as benchmark engines.
 
-:func:`ctranslate2_engines` is an export for :mod:`fairseq_plugins_lab.benchmarks.engines` (which
-times it against ``fairseq-generate``): each engine translates through
+:func:`engines` is the export ``ctranslate2`` of :data:`fairseq_plugins_lab.benchmarks.engines.EXPORTS`
+(which times it against ``fairseq-generate``): each engine translates through
 ``Translator.translate_batch`` with ``max_batch_size`` ``--batch-size``, beam ``--beam``, length
 penalty 1 and the same maximum length as fairseq, ``intra_threads`` for the threads.
 """
 import tempfile
 from typing import Callable, Dict, List
 
+from fairseq_plugins.export.ctranslate2 import check_exportable, export  # noqa: F401  (check_exportable: EXPORTS')
 from fairseq_plugins_lab.benchmarks.engines import engine
-from fairseq_plugins.export.ctranslate2 import export
 
 
 def _ctranslate2(translator, sources: List[str], args) -> List[str]:
@@ -18,16 +18,16 @@ def _ctranslate2(translator, sources: List[str], args) -> List[str]:
     return [" ".join(r.hypotheses[0]) for r in results]
 
 
-def ctranslate2_engines(checkpoint: str, args, work_dir: str, sources: List[str]) -> Dict[str, Callable]:
+def engines(checkpoint: str, args, work_dir: str, sources: List[str]) -> Dict[str, Callable]:
     """{engine name: threads -> a call translating ``sources``}: CTranslate2 float32 and int8 exports."""
     import ctranslate2
 
-    engines = {}
+    made = {}
     for quantization in ("float32", "int8"):
         path = tempfile.mkdtemp(prefix=f"ctranslate2-{quantization}-", dir=work_dir)  # one per checkpoint
         export(checkpoint, path, None if quantization == "float32" else quantization, force=True, data=args.data)
-        engines[f"ctranslate2 {quantization}"] = engine(
+        made[f"ctranslate2 {quantization}"] = engine(
             lambda threads, path=path: ctranslate2.Translator(path, device="cpu", inter_threads=1,
                                                               intra_threads=threads),
             lambda translator: _ctranslate2(translator, sources, args))
-    return engines
+    return made

@@ -9,14 +9,18 @@ hypotheses equal fairseq's. fairseq decodes through ``task.build_generator`` (fa
 SequenceGenerator, batches of ``--batch-size`` sentences by length), beam ``--beam``, length
 penalty 1, ``--max-len``; one process, ``torch.set_num_threads`` for the threads; a suite model
 also with its decoding options (``SUITE_DECODING``: ``--compile-decoding``, and with int8 linear layers). The engines
-come from exports: functions like :func:`fairseq_plugins_lab.benchmarks.ctranslate2.ctranslate2_engines`
-and :func:`fairseq_plugins_lab.benchmarks.onnx.onnx_engines`.
+come from the exports of :data:`EXPORTS` (:mod:`fairseq_plugins_lab.benchmarks.ctranslate2`,
+:mod:`fairseq_plugins_lab.benchmarks.onnx`): every command that times an engine goes through here,
+``fairseq-plugins-benchmark engines`` on given checkpoints and ``models --onnx --ctranslate2`` on the
+models it trained.
 """
+import importlib
 import os
 import tempfile
 import time
 from argparse import Namespace
-from typing import Callable, Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 from fairseq import checkpoint_utils, options, tasks
@@ -24,11 +28,12 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU
 
-from fairseq_plugins_lab.benchmarks.measure import generation_model
-from fairseq_plugins_lab.benchmarks.report import describe_run, engine_table
 from fairseq_plugins.checkpoints import save_state
+from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.export.common import read_checkpoint
 from fairseq_plugins.modules.beam_cache import BeamCacheDecoder
+from fairseq_plugins_lab.benchmarks.measure import generation_model
+from fairseq_plugins_lab.benchmarks.report import describe_run, engine_table
 
 # the suite's decoding options measured as engines of their own (rows of a suite model)
 SUITE_DECODING = {
@@ -36,6 +41,36 @@ SUITE_DECODING = {
     "fairseq --compile-decoding --quantize-decoding int8": {"compile_decoding": True, "quantize_decoding": "int8"},
 }
 ENGINES_MAX_LEN = 200  # fairseq-generate's default --max-len-b, where --max-len does not fix one
+
+
+@dataclass(frozen=True)
+class Export:
+    """An engine family timed against fairseq-generate. Its module has ``engines(checkpoint, args,
+    work_dir, sources)`` ({engine name: threads -> a call translating ``sources``}) and
+    ``check_exportable(state, checkpoint)`` (the exporter's refusals)."""
+    label: str  # in the report's title
+    module: str
+    needs: Tuple[str, ...]  # what the module imports, from the pip extra ``extra``
+    extra: str
+
+
+# models --onnx --ctranslate2 in this order; CTranslate2 takes vaswani_transformer only, ONNX Runtime every family
+EXPORTS = {
+    "onnx": Export("ONNX Runtime", "fairseq_plugins_lab.benchmarks.onnx", ("onnxruntime", "onnxscript"), "onnx"),
+    "ctranslate2": Export("CTranslate2", "fairseq_plugins_lab.benchmarks.ctranslate2", ("ctranslate2",), "deploy"),
+}
+
+
+def load_export(name: str, flag: str):
+    """The module of ``EXPORTS[name]``, imported only now; one line naming ``flag`` and the pip extra
+    when what it needs is not installed."""
+    export = EXPORTS[name]
+    try:
+        for module in export.needs:
+            importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"{flag}: {e.name} is not installed; pip install 'fairseq-plugins[{export.extra}]'") from None
+    return importlib.import_module(export.module)
 
 
 def _test_split(task, subset: str):
@@ -82,8 +117,7 @@ def engine(open_translator: Callable, translate: Callable) -> Callable:
 
 def measure_checkpoint(checkpoint: str, args, work_dir: str, exports: Sequence[Callable]) -> List[Dict]:
     """Rows {checkpoint, threads, engine, sentences_per_s: [...], bleu, identical} of one model:
-    fairseq-generate and the engines of each of ``exports`` (functions like
-    :func:`fairseq_plugins_lab.benchmarks.ctranslate2.ctranslate2_engines`)."""
+    fairseq-generate and the engines of each of ``exports`` (the ``engines`` functions of :data:`EXPORTS`)."""
     model, task = _prepared(checkpoint, args)
     fairseq = {"fairseq": model}
     if isinstance(model.decoder, BeamCacheDecoder):  # a suite model: also with its decoding options
@@ -101,7 +135,7 @@ def measure_checkpoint(checkpoint: str, args, work_dir: str, exports: Sequence[C
 
 
 def measure_trained(job) -> dict:
-    """``fairseq-plugins-benchmark --onnx``/``--ctranslate2``: the suite's model of a pair as its
+    """``fairseq-plugins-benchmark models --onnx``/``--ctranslate2``: the suite's model of a pair as its
     generation rows decode it (the built-in Transformer's weights converted), written as a
     checkpoint, then :func:`measure_checkpoint` with ``job["exports"]`` on the test split with the
     settings in ``job["engines"]``."""
@@ -144,18 +178,21 @@ def time_engines(engines: Dict, checkpoint: str, threads: int, references: List[
     return rows
 
 
-def run(args, exports: Sequence[Callable], engine: str, checks: Sequence[Callable] = ()) -> str:
-    """The report of :func:`measure_checkpoint` with ``exports`` on every checkpoint. Every
-    checkpoint is read and passed to each of ``checks`` (``check(state, checkpoint)``, an exporter's
-    refusals) first, so a checkpoint an engine cannot take is refused before anything is measured."""
+def run(args, exports: Dict[str, object]) -> str:
+    """The report of :func:`measure_checkpoint` with ``exports`` ({name in :data:`EXPORTS`: its module,
+    from :func:`load_export`}) on every checkpoint. Every checkpoint is read and passed to each
+    export's ``check_exportable`` first, so a checkpoint an engine cannot take is refused before
+    anything is measured."""
     for checkpoint in args.checkpoints:
         state = read_checkpoint(checkpoint)
-        for check in checks:
-            check(state, checkpoint)
+        for export in exports.values():
+            export.check_exportable(state, checkpoint)
     args.load_at_start = os.getloadavg()[0]
     start = time.time()
     with tempfile.TemporaryDirectory() as work_dir:
-        rows = [row for checkpoint in args.checkpoints for row in measure_checkpoint(checkpoint, args, work_dir, exports)]
+        rows = [row for checkpoint in args.checkpoints
+                for row in measure_checkpoint(checkpoint, args, work_dir, [e.engines for e in exports.values()])]
+    engine = " and ".join(EXPORTS[name].label for name in exports)
     lines = [f"# fairseq-generate vs {engine} (beam {args.beam}, max length {args.max_len}, "
              f"batches of {args.batch_size})", ""]
     lines += describe_run(args, time.time() - start) + ["", engine_table(rows)]

@@ -7,7 +7,6 @@ every measurement gets an equal share of the time left, the first measurement of
 fixes how many updates (or sentences) all later ones of that kind run, so ours and theirs
 always see the same batches.
 """
-import importlib
 import logging
 import multiprocessing
 import os
@@ -21,6 +20,7 @@ import warnings
 import torch  # noqa: F401
 import torch._dynamo  # noqa: F401  (torch.optim imports it lazily, seconds: once here, not per measurement)
 
+from fairseq_plugins.errors import PluginError
 from fairseq_plugins_lab.benchmarks.measure import measure_generation, measure_matmul_ceiling, measure_training
 from fairseq_plugins_lab.benchmarks.presets import (
     COMPILED,
@@ -34,7 +34,6 @@ from fairseq_plugins_lab.benchmarks.presets import (
     training_argv,
 )
 from fairseq_plugins_lab.benchmarks.report import format_report
-from fairseq_plugins.errors import PluginError
 
 
 def log(message: str):
@@ -158,25 +157,22 @@ def _run(args, preset: dict, work_dir: str, start: float) -> str:
                 counts.setdefault((pair, kind), done)
                 table[(pair, kind, model)].append(result)
     engine_rows = []
-    if args.onnx or args.ctranslate2:  # onnxruntime, onnxscript and ctranslate2 only then
+    if args.exports:
         from fairseq_plugins_lab.benchmarks.engines import ENGINES_MAX_LEN, measure_trained
 
         settings = {"data": args.data, "subset": "test", "threads": [args.threads or torch.get_num_threads()],
                     "repeats": args.repeats, "beam": args.beam, "max_len": args.max_len or ENGINES_MAX_LEN,
                     "batch_size": args.gen_batch}
-        onnx = [importlib.import_module("fairseq_plugins_lab.benchmarks.onnx").onnx_engines] if args.onnx else []
-        ctranslate2 = ([importlib.import_module("fairseq_plugins_lab.benchmarks.ctranslate2").ctranslate2_engines]
-                       if args.ctranslate2 else [])
         for pair in pairs:
-            exports = onnx + (ctranslate2 if pair == "transformer" else [])  # CTranslate2 converts Transformers only
+            # CTranslate2 converts Transformers only
+            names = [name for name in args.exports if name != "ctranslate2" or pair == "transformer"]
             convert = pair == "transformer"  # ours decodes the built-in's weights converted, as above
             job = {**base_job, "label": f"{pair}/engines", "pair": pair, "work_dir": work_dir, "convert": convert,
                    "weights": os.path.join(work_dir, f"{pair}-{trained_by[(pair, 'ours')]}.pt"),
                    "train_argv": training_argv(args, flags[pair]["theirs" if convert else "ours"], work_dir,
                                                device=args.device, fp16=args.fp16),
-                   "engines": settings, "exports": exports}
-            log(f"engines: {pair}'s model exported ({', '.join(e.__name__ for e in exports) or 'none'}) and timed "
-                "against fairseq-generate")
+                   "engines": settings, "exports": [args.exports[name].engines for name in names]}
+            log(f"engines: {pair}'s model exported ({', '.join(names) or 'none'}) and timed against fairseq-generate")
             engine_rows += in_fresh_process(measure_trained, job)["rows"]
     report = format_report(args, preset, precision, machine, table, counts, time.time() - start, engine_rows)
     return report

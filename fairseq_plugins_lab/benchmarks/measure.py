@@ -25,11 +25,11 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 from torch.utils.flop_counter import FlopCounterMode
 
-from fairseq_plugins_lab.benchmarks.flops import EXTRA_FLOP_FORMULAS, count_scan_steps
 from fairseq_plugins.errors import PluginError
 from fairseq_plugins.hardware import native_bf16
 from fairseq_plugins.models.transformer_convert import convert_args, convert_state_dict
 from fairseq_plugins.modules.decoding_linear import PrepackedLinear, prepacking_available
+from fairseq_plugins_lab.benchmarks.flops import EXTRA_FLOP_FORMULAS, count_scan_steps
 
 
 def _synchronize(device: str):

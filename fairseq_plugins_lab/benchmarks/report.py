@@ -11,8 +11,8 @@ import fairseq
 import torch
 
 from fairseq_plugins.analysis.report import markdown_table
-from fairseq_plugins_lab.benchmarks.presets import COMPILED, MODELS, length_limits
 from fairseq_plugins.hardware import describe_cpu
+from fairseq_plugins_lab.benchmarks.presets import COMPILED, MODELS, length_limits
 
 # The suite's performance targets, ours / built-in at the cpu preset in fp32, by row: (ratio,
 # "min" or "max"). The Transformer's training target was 1.15x until fp32 training proved
@@ -199,6 +199,6 @@ def write_report(report: str, out=None):
     """Print ``report``; with ``out``, write it there too."""
     print(report)
     if out:
-        with open(out, "w") as f:
+        with open(out, "w", encoding="utf-8") as f:
             f.write(report)
         print(f"[benchmark] wrote {out}", file=sys.stderr, flush=True)

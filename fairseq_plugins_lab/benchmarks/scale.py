@@ -29,6 +29,8 @@ import tempfile
 import threading
 import time
 
+from fairseq_plugins.analysis.report import markdown_table
+from fairseq_plugins.errors import PluginError
 from fairseq_plugins_lab.benchmarks.harness import Budget, log
 from fairseq_plugins_lab.benchmarks.presets import (
     MODELS,
@@ -39,9 +41,7 @@ from fairseq_plugins_lab.benchmarks.presets import (
     prepare_data,
     training_argv,
 )
-from fairseq_plugins.analysis.report import markdown_table
 from fairseq_plugins_lab.benchmarks.report import PAIR_LABELS, describe_run
-from fairseq_plugins.errors import PluginError
 
 FAIRSEQ_TRAIN = shutil.which("fairseq-train", path=os.path.dirname(sys.executable)) or "fairseq-train"
 PRECISIONS = ("fp32", "bf16")

@@ -1,127 +1,58 @@
-"""Side-by-side benchmark of the suite's models against fairseq's built-ins, in one run.
+"""``fairseq-plugins-benchmark COMMAND ...``: the project's benchmarks, one command.
 
-    fairseq-plugins-benchmark [--data DIR] [--preset tiny|cpu|base|big] [--device cpu|cuda]
-                              [--fp16 | --bf16] [--beam 4] [--max-len L] [--repeats 3]
-                              [--budget-minutes M] [--onnx] [--ctranslate2] [--out FILE]
+    fairseq-plugins-benchmark models  [--preset tiny|cpu|base|big] [--onnx] [--ctranslate2] ...
+    fairseq-plugins-benchmark engines DATA CHECKPOINT [CHECKPOINT ...] [--engine ctranslate2 onnx] ...
+    fairseq-plugins-benchmark scale   [--preset tiny|cpu] [--processes 2] ...
+    fairseq-plugins-benchmark serve   MODEL --sentences FILE [-- SERVER FLAGS]
 
-What is measured and how: :mod:`fairseq_plugins_lab.benchmarks`.
+``models`` is the default: with no sub-command the flags are its own, as before sub-commands. The
+console scripts ``fairseq-plugins-benchmark-ctranslate2``, ``-scale`` and ``-serve`` run
+``engines``, ``scale`` and ``serve`` under their old names.
 """
-import os
+import importlib
+import sys
 
-from fairseq_plugins_lab.benchmarks.harness import run
-from fairseq_plugins_lab.benchmarks.presets import PAIR_NAMES, PRESETS, complete_run_args
-from fairseq_plugins_lab.benchmarks.report import write_report
-from fairseq_plugins.cli.common import ArgumentParser, add_data_args, cli_main
-from fairseq_plugins.errors import ConfigError
+from fairseq_plugins.cli.common import ArgumentParser
+
+PROG = "fairseq-plugins-benchmark"
+# sub-command: its module under fairseq_plugins_lab.cli (imported only to run it: serve needs no torch._dynamo), help
+COMMANDS = {
+    "models": ("benchmark_models", "the suite's models against fairseq's built-ins: training and generation speed, "
+                                   "memory, FLOP/s; --onnx and --ctranslate2 add their exports (the default)"),
+    "engines": ("benchmark_engines", "fairseq-generate against CTranslate2 and ONNX Runtime exports of given "
+                                     "checkpoints on a test split: sentences/s, BLEU, hypotheses equal to fairseq's"),
+    "scale": ("benchmark_scale", "fairseq-train target words/s on CPU: ours and the built-in transformer, fp32 and "
+                                 "bf16, 1 process × N threads and N processes × 1 thread"),
+    "serve": ("benchmark_serve", "fairseq-plugins-serve under concurrent clients on 127.0.0.1, batched vs "
+                                 "--max-batch-tokens 1: requests/s, p50/p95 latency"),
+}
+
+
+def _command(name: str):
+    return importlib.import_module(f"fairseq_plugins_lab.cli.{COMMANDS[name][0]}")
 
 
 def get_parser() -> ArgumentParser:
+    """The command's own --help and the sub-command's name; :func:`main` hands the rest of the
+    command line to that sub-command's parser (its module's ``get_parser``)."""
     parser = ArgumentParser(
-        prog="fairseq-plugins-benchmark",
-        description="Training and generation throughput, peak memory and model FLOP/s of the suite's "
-                    "vaswani_transformer and rnnsearch against fairseq's transformer and lstm, in one run.")
-    add_data_args(parser, "fairseq-preprocess output with a test split (default: the synthetic corpus of the "
-                          "preset, made in a temporary directory)")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
-                        help="model sizes and default lengths: tiny (tests), cpu (3+3 layers, d=256; "
-                             "rnn 256/512), base and big (the papers' sizes, for GPUs)")
-    parser.add_argument("--pairs", default=",".join(PAIR_NAMES),
-                        help=f"comma-separated pairs to run, of {', '.join(PAIR_NAMES)} (default: both)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to run (default: cpu)")
-    precision = parser.add_mutually_exclusive_group()
-    precision.add_argument("--fp16", action="store_true", help="fairseq's --fp16 (CUDA only)")
-    precision.add_argument("--bf16", action="store_true",
-                           help="bf16 through torch.autocast with fp32 weights (fairseq's --bf16 needs a TPU)")
-    parser.add_argument("--repeats", type=int, default=3, help="measurements per model, interleaved (default: 3)")
-    parser.add_argument("--warmup", type=int, help="untimed updates before timing (default: per preset)")
-    parser.add_argument("--updates", type=int, help="timed updates per training measurement (default: per preset)")
-    parser.add_argument("--sentences", type=int, help="test sentences per generation measurement (default: per preset)")
-    parser.add_argument("--gen-batch", type=int, help="sentences per generation batch (default: per preset)")
-    parser.add_argument("--beam", type=int, default=4, help="beam size of generation (default: 4)")
-    parser.add_argument("--max-len", type=int,
-                        help="fixed-length hypotheses: generation runs with --min-len and --max-len-b L, "
-                             "--max-len-a 0, so every hypothesis of both models has L tokens (default: "
-                             "lengths from --min-len to 1.2·|x|+10)")
-    parser.add_argument("--min-len", type=int,
-                        help="shortest hypothesis (fairseq-generate's --min-len): the few updates a benchmark "
-                             "trains leave models that stop after a few words (default: the shortest sentence "
-                             "of the synthetic corpus; 1 with --data)")
-    parser.add_argument("--max-tokens", type=int, help="training batch size in tokens (default: per preset, "
-                                                       "4096 but for tiny)")
-    parser.add_argument("--num-workers", type=int, default=0,
-                        help="fairseq data-loading worker processes in training (default: 0, load in-process)")
-    parser.add_argument("--threads", type=int,
-                        help="torch CPU threads per measurement (default: torch's, one per core). On a machine "
-                             "shared with other processes, fewer threads than cores avoid stalls at every "
-                             "parallel region")
-    parser.add_argument("--budget-minutes", type=float,
-                        help="bound on the whole run; fewer updates/sentences when they would not fit "
-                             "(default: per preset, 7 for base/big)")
-    parser.add_argument("--onnx", action="store_true",
-                        help="also export the suite's trained model of each pair with fairseq-plugins-export-onnx "
-                             "(float32 and int8) and time ONNX Runtime against fairseq-generate on the whole test "
-                             "split (beam --beam, lengths 1 to --max-len or 200, batches of --gen-batch); needs "
-                             "the [onnx] extra; not bounded by --budget-minutes")
-    parser.add_argument("--ctranslate2", action="store_true",
-                        help="also export the transformer pair's model with fairseq-plugins-export-ctranslate2 "
-                             "(float32 and int8) and time CTranslate2 in the same table as --onnx; needs the "
-                             "[deploy] extra; not bounded by --budget-minutes")
-    parser.add_argument("--out", help="also write the markdown report to this file")
+        prog=PROG, description="The project's benchmarks of the suite against fairseq's built-ins and its exports.",
+        epilog=f"With no sub-command the flags are those of models ({PROG} --preset tiny is {PROG} models "
+               f"--preset tiny). {PROG} COMMAND --help: the flags of COMMAND. fairseq-plugins-benchmark-ctranslate2, "
+               "-scale and -serve run engines, scale and serve.")
+    commands = parser.add_subparsers(title="sub-commands", metavar="COMMAND")
+    for name, (_, summary) in COMMANDS.items():
+        commands.add_parser(name, help=summary)
     return parser
 
 
-def check_args(args):
-    """The preset's defaults for the flags not given, and one-line errors for impossible ones."""
-    preset = PRESETS[args.preset]
-    for name, key in (("warmup", "warmup"), ("updates", "updates"), ("sentences", "sentences"),
-                      ("gen_batch", "gen_batch"), ("max_tokens", "max_tokens"), ("budget_minutes", "budget")):
-        if getattr(args, name) is None:
-            setattr(args, name, preset[key])
-    args.pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
-    for pair in args.pairs:
-        if pair not in PAIR_NAMES:
-            raise ConfigError(f"--pairs: unknown pair {pair!r} (choose from {', '.join(PAIR_NAMES)})")
-    if not args.pairs:
-        raise ConfigError("--pairs: no pair given")
-    complete_run_args(args, preset,
-                      ("repeats", "warmup", "updates", "sentences", "gen_batch", "max_tokens", "min_len", "threads",
-                       "beam", "max_len"))
-    if args.num_workers < 0:
-        raise ConfigError(f"--num-workers must be >= 0, got {args.num_workers}")
-    if args.fp16 and args.device != "cuda":
-        raise ConfigError("--fp16 needs --device cuda (fairseq's fp16 training does not run on CPU); use --bf16 on CPU")
-    if args.max_len is not None and args.min_len is not None and args.min_len != args.max_len:
-        raise ConfigError(f"--min-len {args.min_len} with --max-len {args.max_len}: --max-len fixes the "
-                          "hypothesis length, leave --min-len out")
-    if args.min_len is None:
-        args.min_len = args.max_len or (1 if args.data else preset["corpus"][3])
-    if args.onnx:
-        try:
-            import onnxruntime  # noqa: F401
-            import onnxscript  # noqa: F401
-        except ImportError as e:
-            raise ConfigError(f"--onnx: {e.name} is not installed; pip install 'fairseq-plugins[onnx]'") from None
-        if args.device != "cpu" or args.fp16 or args.bf16:
-            raise ConfigError("--onnx: the ONNX rows run on CPU in float32; leave out --device cuda, --fp16 and --bf16")
-    if args.ctranslate2:
-        try:
-            import ctranslate2  # noqa: F401
-        except ImportError:
-            raise ConfigError("--ctranslate2: ctranslate2 is not installed; pip install 'fairseq-plugins[deploy]'") \
-                from None
-        if args.device != "cpu" or args.fp16 or args.bf16:
-            raise ConfigError("--ctranslate2: the CTranslate2 rows run on CPU; leave out --device cuda, --fp16 and "
-                              "--bf16")
-        if "transformer" not in args.pairs:
-            raise ConfigError("--ctranslate2: CTranslate2 converts the transformer pair only; add it to --pairs")
-    return args
-
-
 def main(argv=None):
-    # measurements fork from this process: CUDA must not be initialised here, not even by an
-    # availability check (torch's NVML-based check leaves the driver alone)
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    cli_main(get_parser, lambda args: write_report(run(check_args(args)), args.out), argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return _command(argv[0]).main(argv[1:], prog=f"{PROG} {argv[0]}")
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        return _command("models").main(argv, prog=PROG)  # no sub-command: models, under the command's name
+    get_parser().parse_args(argv)  # --help, or one line naming the unknown sub-command
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
-"""Training throughput on CPU: processes × precision × model, in one run.
+"""``fairseq-plugins-benchmark scale``: training throughput on CPU, processes × precision × model, in one run.
 
-    fairseq-plugins-benchmark-scale [--data DIR] [--preset tiny|cpu] [--processes 2] [--repeats 3]
+    fairseq-plugins-benchmark scale [--data DIR] [--preset tiny|cpu] [--processes 2] [--repeats 3]
                                     [--budget-minutes M] [--out FILE]
 
+Also installed as ``fairseq-plugins-benchmark-scale``, its name before sub-commands.
 What is measured and how: :mod:`fairseq_plugins_lab.benchmarks.scale`.
 """
+from fairseq_plugins.cli.common import ArgumentParser, add_data_args, cli_main
 from fairseq_plugins_lab.benchmarks import scale
 from fairseq_plugins_lab.benchmarks.presets import PRESETS, complete_run_args
 from fairseq_plugins_lab.benchmarks.report import write_report
-from fairseq_plugins.cli.common import ArgumentParser, add_data_args, cli_main
+
+PROG = "fairseq-plugins-benchmark-scale"  # run alone, under its old name
 
 
-def get_parser() -> ArgumentParser:
+def get_parser(prog: str = PROG) -> ArgumentParser:
     parser = ArgumentParser(
-        prog="fairseq-plugins-benchmark-scale",
+        prog=prog,
         description="fairseq-train target words/s of vaswani_transformer and fairseq's transformer, fp32 and "
                     "bf16, 1 process × N threads and N processes × 1 thread, in one run (CPU).")
     add_data_args(parser, "fairseq-preprocess output (default: the synthetic corpus of the preset, made in a "
@@ -46,8 +49,8 @@ def check_args(args):
     return args
 
 
-def main(argv=None):
-    cli_main(get_parser, lambda args: write_report(scale.run(check_args(args)), args.out), argv)
+def main(argv=None, prog: str = PROG):
+    cli_main(lambda: get_parser(prog), lambda args: write_report(scale.run(check_args(args)), args.out), argv)
 
 
 if __name__ == "__main__":

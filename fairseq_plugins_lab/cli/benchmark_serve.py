@@ -1,16 +1,19 @@
-"""fairseq-plugins-benchmark-serve MODEL --sentences FILE [--clients 32] [--requests 2000] [-- SERVER FLAGS]
+"""``fairseq-plugins-benchmark serve``: the server under concurrent clients, batched vs not.
 
+    fairseq-plugins-benchmark serve MODEL --sentences FILE [--clients 32] [--requests 2000] [-- SERVER FLAGS]
+
+Also installed as ``fairseq-plugins-benchmark-serve``, its name before sub-commands.
 What is measured and how: :mod:`fairseq_plugins_lab.benchmarks.serve`.
 """
 import sys
 import tempfile
 
-from fairseq_plugins_lab.benchmarks.serve import benchmark
 from fairseq_plugins.cli import serve
 from fairseq_plugins.cli.common import ArgumentParser, cli_main
 from fairseq_plugins.errors import ConfigError
+from fairseq_plugins_lab.benchmarks.serve import benchmark
 
-PROG = "fairseq-plugins-benchmark-serve"
+PROG = "fairseq-plugins-benchmark-serve"  # run alone, under its old name
 
 
 class _Parser(ArgumentParser):
@@ -32,9 +35,9 @@ class _ServerFlags(ArgumentParser):
         raise ConfigError(f"server flag: {message}")
 
 
-def get_parser() -> ArgumentParser:
+def get_parser(prog: str = PROG) -> ArgumentParser:
     parser = _Parser(
-        prog=PROG, usage=f"{PROG} [-h] MODEL --sentences FILE [--clients N] [--requests N] [--beam N] [--out FILE] "
+        prog=prog, usage=f"{prog} [-h] MODEL --sentences FILE [--clients N] [--requests N] [--beam N] [--out FILE] "
                          "[-- SERVER FLAGS ...]",
         description="Throughput and p50/p95 latency of fairseq-plugins-serve under concurrent clients on "
                     "127.0.0.1, batched vs --max-batch-tokens 1.",
@@ -62,7 +65,7 @@ def check_server_flags(model, flags):
     checker.parse_args([model, *flags])
 
 
-def main(argv=None):
+def main(argv=None, prog: str = PROG):
     def body(args):
         with open(args.sentences, encoding="utf-8") as f:
             sentences = [line.strip() for line in f if line.strip()]
@@ -78,7 +81,7 @@ def main(argv=None):
             with open(args.out, "w", encoding="utf-8") as f:
                 f.write(table)
 
-    cli_main(get_parser, body, argv)
+    cli_main(lambda: get_parser(prog), body, argv)
 
 
 if __name__ == "__main__":
