@@ -200,3 +200,16 @@ def assert_beam_agrees(found, expected, max_len):
         else:
             assert abs(score - want_score) < 1e-3, (i, text, score, want_score)
     return at_limit
+
+
+# A toy lexicon: English word -> (German, French); translations are word for word, so the token counts
+# of a pair are equal on both sides after tokenization (the fake WMT'14 corpora, the text tools' tests).
+LEXICON = {
+    "the": ("die", "la"), "house": ("Haus", "maison"), "is": ("ist", "est"), "small": ("klein", "petite"),
+    "a": ("eine", "une"), "city": ("Stadt", "ville"), "green": ("grün", "verte"), "river": ("Fluss", "rivière"),
+    "near": ("nahe", "près"), "we": ("wir", "nous"), "see": ("sehen", "voyons"), "old": ("alt", "vieille"),
+    "bridge": ("Brücke", "pont"), "today": ("heute", "demain"), "and": ("und", "et"), "it": ("es", "il"),
+    "was": ("war", "était"), "well-known": ("wohl-bekannt", "bien-connu"), "two": ("zwei", "deux"),
+    "cars": ("Autos", "voitures"),
+}
+WORDS = sorted(LEXICON)
