@@ -262,6 +262,22 @@ def test_plot_curves_reads_simple_and_json_logs(tmp_path):
     assert width > height > 0
 
 
+def test_plot_curves_does_not_mix_label_smoothed_and_plain_losses_and_labels_its_axes(tmp_path):
+    """A label-smoothed run's loss panel line is its nll_loss, the plain run's its loss: one quantity."""
+    (tmp_path / "ls.log").write_text(
+        "x | INFO | train_inner | epoch 001:      5 / 6 loss=6.2, nll_loss=5.5, ppl=45.25, num_updates=5, lr=0.01\n"
+        "x | INFO | valid | epoch 001 | valid on 'valid' subset | loss 6.0 | nll_loss 5.1 | ppl 34.3 | num_updates 6\n")
+    (tmp_path / "plain.log").write_text(SIMPLE_LOG)
+    runs = [plot_curves.read_log(name, str(tmp_path / f"{name}.log")) for name in ("ls", "plain")]
+    fig = plot_curves.figure(runs)
+    loss_panel = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+    assert loss_panel == {"ls (nll_loss: its loss is label-smoothed) train": [5.5],
+                          "ls (nll_loss: its loss is label-smoothed) valid": [5.1],
+                          "plain train": [5.949, 5.494], "plain valid": [5.689, 4.982]}
+    assert [ax.get_ylabel() for ax in fig.axes] == ["cross entropy (bits per token, base 2)",
+                                                   "perplexity (2 ** cross entropy, log scale)", "learning rate"]
+
+
 def test_plot_curves_log_without_progress_lines(tmp_path, capsys):
     path = write(tmp_path / "empty.log", ["nothing here"])
     expect_cli_error(plot_curves_cli.main, ["--log", path], capsys, "--log", path, "--log-format")

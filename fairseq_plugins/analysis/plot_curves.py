@@ -9,8 +9,9 @@ Reads what fairseq-train writes to the console (or ``--log-file``) with ``--log-
 ``{"epoch": 1, "valid_loss": "4.9", ..., "valid_num_updates": "500"}``); other lines are
 ignored. The train curve uses the ``--log-interval`` lines, or the end-of-epoch averages when
 a log has none; every validation is a point of the valid curve. x = number of updates; fairseq
-logs losses in base 2 and ppl = 2^nll_loss. Writes PREFIX.png (three panels) and PREFIX.md
-(final values of each run).
+logs losses in base 2 and ppl = 2^nll_loss. The loss panel plots a label-smoothed run's
+``nll_loss`` (its ``loss`` includes the smoothing term), so runs of either criterion compare.
+Writes PREFIX.png (three panels) and PREFIX.md (final values of each run, ``loss`` as logged).
 """
 import json
 import math
@@ -28,6 +29,8 @@ VALID = re.compile(r"valid on '([^']+)' subset")
 INNER_PAIR = re.compile(rf"(\w+)=({NUMBER})")
 PIPE_PAIR = re.compile(rf"\|\s*(\w+) ({NUMBER})(?=\s*(?:\||$))")
 METRICS = ("loss", "ppl", "lr")
+# label_smoothed_cross_entropy's loss includes the smoothing term; its nll_loss is what cross_entropy logs as loss
+NLL = "nll_loss"
 
 Point = Dict[str, float]  # num_updates plus whatever of loss/ppl/lr the line has
 
@@ -47,7 +50,7 @@ class Run:
 def point(stats: Dict[str, str], prefix: str = "") -> Optional[Point]:
     """Metrics of one log line (keys optionally prefixed like ``valid_loss``), None without updates."""
     values = {}
-    for key in ("num_updates",) + METRICS:
+    for key in ("num_updates", NLL) + METRICS:
         if prefix + key in stats:
             try:
                 values[key] = float(stats[prefix + key])
@@ -108,25 +111,41 @@ def series(points: List[Point], metric: str) -> Tuple[List[float], List[float]]:
     return xs, [p[metric] for p in points if metric in p]
 
 
-def plot(runs: List[Run], path: str):
+def smoothed(run: Run) -> bool:
+    """Whether ``run``'s loss is label-smoothed: its log has an nll_loss beside the loss."""
+    return any(NLL in p for p in run.train + run.valid)
+
+
+def figure(runs: List[Run]):
+    """Three panels: the loss without label smoothing (a label-smoothed run's nll_loss, so every run's
+    line is the same quantity), perplexity and learning rate, each y axis labelled."""
     plt = report.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, run in enumerate(runs):
         color = colors[k % len(colors)]
-        for ax, metric in zip(axes, METRICS):
-            ax.plot(*series(run.train, metric), color=color, label=f"{run.name} train")
+        name = f"{run.name} (nll_loss: its loss is label-smoothed)" if smoothed(run) else run.name
+        for ax, metric in zip(axes, (NLL if smoothed(run) else "loss", "ppl", "lr")):
+            ax.plot(*series(run.train, metric), color=color, label=f"{name} train")
             if metric != "lr":
                 ax.plot(*series(run.valid, metric), color=color, linestyle="--", marker="o",
-                        markersize=3, label=f"{run.name} valid")
-    for ax, metric, title in zip(axes, METRICS, ("loss (base 2)", "perplexity", "learning rate")):
+                        markersize=3, label=f"{name} valid")
+    titles = ("loss without label smoothing", "perplexity", "learning rate")
+    ylabels = ("cross entropy (bits per token, base 2)", "perplexity (2 ** cross entropy, log scale)",
+               "learning rate")
+    for ax, title, ylabel in zip(axes, titles, ylabels):
         ax.set_title(title)
         ax.set_xlabel("updates")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    report.save_figure(fig, path)
+    return fig
+
+
+def plot(runs: List[Run], path: str):
+    report.save_figure(figure(runs), path)
 
 
 def last(points: List[Point], metric: str) -> Optional[float]:
