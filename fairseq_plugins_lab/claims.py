@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from fairseq_plugins.analysis.bleu_by_length import quantile_edges  # noqa: F401  (bleu-by-length's default buckets)
+
 HOLDS = "holds"
 FAILS = "does not hold"
 NOT_SEPARABLE = "not separable from seed spread"
@@ -82,17 +84,6 @@ def describe(c: Comparison, digits: int = 1) -> str:
     else:
         relation = f"{d} within spread {c.spread:.{digits}f}"
     return f"{c.verdict} ({mean_std(c.a, digits)} vs {mean_std(c.b, digits)}; {relation})"
-
-
-def quantile_edges(lengths: Sequence[int], parts: int) -> list:
-    """Bucket edges that cut ``lengths`` into ``parts`` groups of about equal size.
-
-    Bucket ``i`` holds the lengths ``edges[i] <= n < edges[i + 1]`` (the last one is open);
-    tied lengths can merge buckets, so fewer than ``parts`` may come back.
-    """
-    ordered = sorted(lengths)
-    edges = [ordered[0]] + [ordered[len(ordered) * k // parts] for k in range(1, parts)]
-    return sorted(set(edges))
 
 
 def plot_bands(path: str, labels: Sequence[str], series: dict, ylabel: str = "BLEU", title: str = ""):

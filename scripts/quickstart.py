@@ -10,7 +10,7 @@ import argparse
 import os
 
 from fairseq_plugins.analysis import generate_output
-from fairseq_plugins.analysis.bleu_by_length import scores_by_bucket
+from fairseq_plugins.analysis.bleu_by_length import bucket_labels, scores_by_bucket
 from fairseq_plugins_lab import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,7 +92,7 @@ def main(argv=None):
     # thirds of the corpus's source lengths (5-9, 10-14, 15-20 words by default)
     step = max(1, (args.max_len - MIN_LEN + 1) // 3)
     edges = sorted({min(MIN_LEN + i * step, args.max_len) for i in range(3)})
-    labels = [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:] + [args.max_len + 1])]  # inclusive, in words
+    labels = bucket_labels(edges, args.max_len)  # inclusive, in words, as fairseq-plugins-bleu-by-length's own
     width = max(len(r["model"]) for r in results)
     by_length = ["BLEU by source length (words): " + ", ".join(labels)]
     by_length += [f"  {r['model']:<{width}}  " + "  ".join(

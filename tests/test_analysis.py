@@ -104,6 +104,23 @@ def test_bleu_by_length_scores_each_bucket_as_its_own_corpus(tmp_path, capsys):
     assert png_size(out + ".png")[0] > 0
 
 
+def test_bleu_by_length_default_buckets_are_equal_count_thirds_labelled_as_the_quickstart(tmp_path):
+    """Sources of 3, 12 and 15 words: a third each, labelled with both ends included up to the longest."""
+    path = write(tmp_path / "gen.txt", generate_text())
+    out = str(tmp_path / "len")
+    bleu_by_length_cli.main(["--gen", f"sys={path}", "--out", out])
+    assert [r[:3] for r in table_rows(out + ".md")] == [["3-11", "1", f"{bleu([HYP[0]], [REF[0]]):.2f}"],
+                                                        ["12-14", "1", f"{bleu([HYP[2]], [REF[2]]):.2f}"],
+                                                        ["15-15", "1", f"{bleu([HYP[1]], [REF[1]]):.2f}"]]
+
+
+def test_default_buckets_are_sixths_from_600_sentences():
+    lengths = [n % 30 + 1 for n in range(600)]  # 1-30 words, 20 sentences each
+    assert bleu_by_length.data_edges(lengths) == [1, 6, 11, 16, 21, 26]
+    assert bleu_by_length.data_edges(lengths[:300]) == [1, 11, 21]  # 300 sentences: thirds
+    assert bleu_by_length.bucket_labels([1, 11, 21], 30) == ["1-10", "11-20", "21-30"]
+
+
 def test_bucket_edges_are_inclusive_below_exclusive_above():
     edges = bleu_by_length.parse_edges("0,10,20")
     assert bleu_by_length.bucket_labels(edges) == ["0-10", "10-20", "20+"]

@@ -105,6 +105,8 @@ evaluate_words() {
     local plain=(--hyp "$RUN_NAME=$RESULTS/hyp.tok" --src "$DATA/newstest2014.tok.$SRC" --ref "$DATA/newstest2014.tok.$TGT")
     run_or_print fairseq-plugins-nounk-bleu "${plain[@]}" --src-vocab "$DATA/dict.$SRC.txt" --tgt-vocab "$DATA/dict.$TGT.txt" \
         --tokenize none --out "$RESULTS/nounk"
-    run_or_print fairseq-plugins-bleu-by-length "${plain[@]}" --tokenize none --out "$RESULTS/bleu_by_length"
+    # Bahdanau et al.'s 10-word buckets of Fig. 2 (the tool's default buckets come from the data)
+    run_or_print fairseq-plugins-bleu-by-length "${plain[@]}" --buckets 0,10,20,30,40,50,60,70,80 --tokenize none \
+        --out "$RESULTS/bleu_by_length"
     [[ ${DRY_RUN:-0} == 1 ]] || log "results: $RESULTS/{score,nounk,bleu_by_length}.{md,png}"
 }

@@ -3,8 +3,11 @@
     fairseq-plugins-bleu-by-length --gen RNNsearch-50=gen50.txt --gen RNNencdec-50=genenc.txt \\
         --out length
 
-Sentences go to the bucket ``a-b`` when a <= source length < b (the last bucket is ``a+``);
-the source length counts whitespace tokens of the source, where subword-nmt pieces ending in
+By default the buckets come from the data: equal-count sixths of the sources' lengths, thirds
+when a sixth would hold fewer than 100 sentences, labelled ``a-b`` with both ends included, the
+last one ending at the longest source (as the quickstart labels its thirds). With ``--buckets``
+a sentence goes to the bucket ``a-b`` when a <= source length < b (the last bucket is ``a+``).
+The source length counts whitespace tokens of the source, where subword-nmt pieces ending in
 ``@@`` are not counted, so a BPE'd source is measured in words. Each bucket is scored as its
 own corpus with sacrebleu (``corpus_bleu``/``corpus_chrf``). Writes PREFIX.md and PREFIX.png.
 """
@@ -16,21 +19,41 @@ from sacrebleu.metrics import BLEU, CHRF
 from fairseq_plugins.analysis import generate_output, report
 from fairseq_plugins.errors import ConfigError
 
-DEFAULT_EDGES = "0,10,20,30,40,50,60,70,80"
+PAPER_EDGES = "0,10,20,30,40,50,60,70,80"  # Bahdanau et al.'s Fig. 2
+SIXTH = 100  # the fewest sentences a bucket of the default sixths holds
 
 
 def parse_edges(spec: str) -> List[int]:
     try:
         edges = [int(x) for x in spec.split(",")]
     except ValueError:
-        raise ConfigError(f"--buckets {spec!r}: expected comma-separated integers like {DEFAULT_EDGES}")
+        raise ConfigError(f"--buckets {spec!r}: expected comma-separated integers like {PAPER_EDGES}")
     if not edges or edges != sorted(set(edges)) or edges[0] < 0:
         raise ConfigError(f"--buckets {spec!r}: edges must be non-negative and strictly increasing")
     return edges
 
 
-def bucket_labels(edges: Sequence[int]) -> List[str]:
-    return [f"{a}-{b}" for a, b in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
+def bucket_labels(edges: Sequence[int], longest: Optional[int] = None) -> List[str]:
+    """``a-b`` of a <= length < b, the last ``a+``; given the ``longest`` length, ``a-b`` with b included."""
+    if longest is None:
+        return [f"{a}-{b}" for a, b in zip(edges, edges[1:])] + [f"{edges[-1]}+"]
+    return [f"{a}-{b - 1}" for a, b in zip(edges, [*edges[1:], longest + 1])]
+
+
+def quantile_edges(lengths: Sequence[int], parts: int) -> list:
+    """Bucket edges that cut ``lengths`` into ``parts`` groups of about equal size.
+
+    Bucket ``i`` holds the lengths ``edges[i] <= n < edges[i + 1]`` (the last one is open);
+    tied lengths can merge buckets, so fewer than ``parts`` may come back.
+    """
+    ordered = sorted(lengths)
+    edges = [ordered[0]] + [ordered[len(ordered) * k // parts] for k in range(1, parts)]
+    return sorted(set(edges))
+
+
+def data_edges(lengths: Sequence[int]) -> List[int]:
+    """The default buckets: equal-count sixths of ``lengths``, thirds for fewer than 6 * SIXTH sentences."""
+    return quantile_edges(lengths, 6 if len(lengths) >= 6 * SIXTH else 3)
 
 
 def source_length(src: str) -> int:
@@ -95,9 +118,14 @@ def plot(names: List[str], labels: List[str], results: List[list], path: str):
 
 
 def run(args):
-    edges = parse_edges(args.buckets)
     systems = generate_output.load_systems(args, need_src=True)
-    labels = bucket_labels(edges)
+    if args.buckets is None:
+        lengths = [source_length(src) for s in systems for src in s.srcs]
+        edges = data_edges(lengths)
+        labels = bucket_labels(edges, max(lengths))
+    else:
+        edges = parse_edges(args.buckets)
+        labels = bucket_labels(edges)
     names = [s.name for s in systems]
     results = [scores_by_bucket(s, edges, args.tokenize) for s in systems]
     text = table(names, labels, results)

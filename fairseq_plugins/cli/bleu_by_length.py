@@ -12,10 +12,11 @@ from fairseq_plugins.cli import common
 def get_parser():
     parser = common.ArgumentParser(prog="fairseq-plugins-bleu-by-length", description=__doc__.split("\n")[0])
     common.add_system_args(parser, src_help="plain source file (with --hyp): gives the sentence lengths")
-    parser.add_argument("--buckets", default=bleu_by_length.DEFAULT_EDGES, metavar="E0,E1,...",
+    parser.add_argument("--buckets", metavar="E0,E1,...",
                         help="bucket edges; bucket a-b holds a <= length < b, the last is open, sentences "
-                        f"shorter than the first edge are left out "
-                        f"(default {bleu_by_length.DEFAULT_EDGES}: 0-10, ..., 80+)")
+                        f"shorter than the first edge are left out (Bahdanau et al.'s: {bleu_by_length.PAPER_EDGES}; "
+                        "default: equal-count sixths of the sources' lengths, thirds under "
+                        f"{6 * bleu_by_length.SIXTH} sentences, labelled a-b with b included)")
     parser.add_argument("--tokenize", default="13a",
                         help="sacrebleu tokenizer for BLEU (13a, intl, none, ...; default 13a)")
     common.add_out_arg(parser, "bleu_by_length")
