@@ -217,9 +217,9 @@ def test_an_unreadable_file_is_refused_with_torchs_reason_in_one_line(tmp_path, 
 
 
 def test_the_reason_is_the_first_line_after_torchs_preamble():
-    from fairseq_plugins.patches.checkpoint_loading import _refusal
+    from fairseq_plugins.checkpoints import refusal
 
     error = RuntimeError("Weights only load failed. In PyTorch 2.6 ...\n\nWeightsUnpickler error: Bad state\n"
                          "  in field x\n\nCheck the documentation of torch.load to learn more")
-    assert _refusal("x.pt", error) == ("x.pt: not a readable checkpoint, truncated or not a torch file "
+    assert refusal("x.pt", error) == ("x.pt: not a readable checkpoint, truncated or not a torch file "
                                        "(RuntimeError: WeightsUnpickler error: Bad state)")

@@ -21,8 +21,8 @@ from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, num_updates, run
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.network import free_port
-from fairseq_plugins.patches import cpu_launch
-from fairseq_plugins.patches.cpu_launch import first_host
+from fairseq_plugins.patches import launch
+from fairseq_plugins.patches.launch import first_host
 
 TOTAL = 16  # updates: 4 epochs of 4 updates (2 batches of --max-tokens 600 each)
 EXIT_PREEMPTED = 75
@@ -341,8 +341,8 @@ def test_gpu_only_backends_become_the_cpu_ones_with_one_line(data_bin, tmp_path,
 
     argv = flags(data_bin, str(tmp_path), "--distributed-world-size", "2", *extra)
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
-    with caplog.at_level(logging.INFO, logger=cpu_launch.__name__):
-        cpu_launch.configure_cpu(cfg)
+    with caplog.at_level(logging.INFO, logger=launch.__name__):
+        launch.configure_cpu(cfg)
     d = cfg.distributed_training
     assert (d.distributed_backend, d.ddp_backend) == ("gloo", "legacy_ddp")
     assert logged in caplog.messages

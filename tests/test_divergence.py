@@ -25,8 +25,8 @@ from test_numerical_faults import cpu_cuda_call, fp16_trainer, same, snapshot, t
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError, NumericalError
 from fairseq_plugins.network import free_port
-from fairseq_plugins.patches import divergence
-from fairseq_plugins.patches.divergence import _Guard
+from fairseq_plugins.patches import numerical as divergence
+from fairseq_plugins.patches.numerical import _Guard
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
 POISON = "5"  # a sentence id
@@ -193,8 +193,8 @@ def test_the_guard_is_back_on_after_fairseqs_own_run_of_an_update_past_max_rollb
     trainer = SimpleNamespace(criterion=SimpleNamespace(**{divergence.GUARD: guard}), zero_grad=lambda: None,
                               get_num_updates=lambda: 3, data_parallel_rank=0)
     during = []
-    monkeypatch.setattr(divergence, "TRAIN_STEP", lambda trainer, samples: during.append(divergence._guard(trainer)))
-    divergence._roll_back(trainer, guard, [], divergence._Diverged("the gradient norm is not finite", True))
+    fairseqs = lambda trainer, samples: during.append(divergence._guard(trainer))  # noqa: E731
+    divergence._roll_back(fairseqs, trainer, guard, [], divergence._Diverged("the gradient norm is not finite", True))
     assert during == [None] and divergence._guard(trainer) is guard
 
 
@@ -207,7 +207,7 @@ def test_a_run_resumed_with_fewer_max_rollbacks_than_it_used_stops_at_its_next_d
     with pytest.raises(NumericalError, match=r"^update 8: the loss per token 9 is above 5 x its running mean 1; "
                                              r"stopped after --max-rollbacks 2 rollbacks \(sentence ids on rank 0: "
                                              r"\[3, 4\]\)$"):
-        divergence._roll_back(trainer, guard, [{"id": torch.tensor([4, 3])}, {}],
+        divergence._roll_back(None, trainer, guard, [{"id": torch.tensor([4, 3])}, {}],
                               divergence._Diverged("the loss per token 9 is above 5 x its running mean 1", False))
     assert (guard.rollbacks, guard.lr_scale) == (3, 0.125)
 

@@ -24,7 +24,7 @@ from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.network import free_port
-from fairseq_plugins.patches import elastic_resume
+from fairseq_plugins.patches import resume as elastic_resume
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
 BATCHES = 7  # per epoch
@@ -259,19 +259,19 @@ def test_the_resume_line_says_whether_the_updates_group_the_same_batches(monkeyp
     def config(update_freq):
         return SimpleNamespace(optimization=SimpleNamespace(update_freq=[update_freq]))
 
-    monkeypatch.setattr(elastic_resume, "SAVE", lambda trainer, filename, extra_state: None)
+    fairseqs_save = lambda trainer, filename, extra_state: None  # noqa: E731
     _, state = consume(2, 2)
     unrecorded = dict(state)
-    elastic_resume.save_checkpoint(SimpleNamespace(cfg=config(1)), "checkpoint.pt", {"train_iterator": state})
+    elastic_resume.save_update_freq(fairseqs_save, SimpleNamespace(cfg=config(1)), "checkpoint.pt", {"train_iterator": state})
     assert state["update_freq"] == 1 and "update_freq" not in unrecorded
 
     def line(state, workers, update_freq):
         iterator = id_iterator(workers, 0)
         iterator.load_state_dict(state)
-        monkeypatch.setattr(elastic_resume, "LOAD_CHECKPOINT", lambda cfg, trainer, **kwargs: ({}, iterator))
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=elastic_resume.__name__):
-            elastic_resume.load_checkpoint(config(update_freq), SimpleNamespace(cfg=config(update_freq)))
+            elastic_resume.say_how_the_epoch_goes_on(lambda cfg, trainer, **kwargs: ({}, iterator), config(update_freq),
+                                                     SimpleNamespace(cfg=config(update_freq)))
         [message] = caplog.messages
         start = "resumed epoch 1 after 4 of its 12 global batches (8 of 23 sentences), written by "
         assert message.startswith(start), message
@@ -292,12 +292,12 @@ def test_the_resume_line_says_whether_the_updates_group_the_same_batches(monkeyp
 def test_a_save_records_the_update_freq_of_its_epoch(monkeypatch):
     """fairseq's per-epoch --update-freq 3,1 (its last value for every later epoch): a mid-epoch
     state of epoch 1, 2 or 5 records 3, 1, 1."""
-    monkeypatch.setattr(elastic_resume, "SAVE", lambda trainer, filename, extra_state: None)
     trainer = SimpleNamespace(cfg=SimpleNamespace(optimization=SimpleNamespace(update_freq=[3, 1])))
     recorded = []
     for epoch in (1, 2, 5):
         state = {"epoch": epoch, elastic_resume.CONSUMED: 2}
-        elastic_resume.save_checkpoint(trainer, "checkpoint.pt", {"train_iterator": state})
+        elastic_resume.save_update_freq(lambda trainer, filename, extra_state: None, trainer, "checkpoint.pt",
+                                        {"train_iterator": state})
         recorded.append(state["update_freq"])
     assert recorded == [3, 1, 1]
 
@@ -306,9 +306,9 @@ def test_a_save_without_an_iterator_state_is_fairseqs(monkeypatch):
     """A program of its own that saves through Trainer.save_checkpoint with no iterator state in
     ``extra_state`` gets fairseq's save, the state untouched (no --update-freq to record)."""
     saved = []
-    monkeypatch.setattr(elastic_resume, "SAVE", lambda trainer, filename, extra_state: saved.append(extra_state))
+    fairseqs_save = lambda trainer, filename, extra_state: saved.append(extra_state)  # noqa: E731
     for extra_state in ({}, None, {"train_iterator": {"epoch": 1, "iterations_in_epoch": 2}}):
-        elastic_resume.save_checkpoint(SimpleNamespace(), "checkpoint.pt", extra_state)
+        elastic_resume.save_update_freq(fairseqs_save, SimpleNamespace(), "checkpoint.pt", extra_state)
     assert saved == [{}, None, {"train_iterator": {"epoch": 1, "iterations_in_epoch": 2}}]
 
 

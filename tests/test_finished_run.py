@@ -240,10 +240,10 @@ def test_a_program_with_its_own_trainer_object_gets_fairseqs_resume_unchanged(mo
     checkpoint is at --max-update gets fairseq's (extra_state, epoch_itr) back, and no exit."""
     from types import SimpleNamespace
 
-    from fairseq_plugins.patches import finished_run
+    from fairseq_plugins.patches import resume
 
     extra_state, epoch_itr = {"train_iterator": {"epoch": 3}}, SimpleNamespace(next_epoch_idx=3)
-    monkeypatch.setattr(finished_run, "LOAD_CHECKPOINT", lambda cfg, trainer, **kwargs: (extra_state, epoch_itr))
     cfg = SimpleNamespace(optimization=SimpleNamespace(max_update=5, max_epoch=2))
     stand_in = SimpleNamespace(cfg=cfg, get_num_updates=lambda: 5, data_parallel_rank=0)
-    assert finished_run.load_checkpoint(cfg, stand_in) == (extra_state, epoch_itr)
+    fairseqs = lambda cfg, trainer, **kwargs: (extra_state, epoch_itr)  # noqa: E731
+    assert resume.end_a_finished_run(fairseqs, cfg, stand_in) == (extra_state, epoch_itr)

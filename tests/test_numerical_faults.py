@@ -30,7 +30,7 @@ from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 from fairseq.trainer import Trainer
 
 import fairseq_plugins  # noqa: F401  (registers the suite, installs the patches)
-from fairseq_plugins.patches import numerical_faults
+from fairseq_plugins.patches import numerical as numerical_faults
 from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
 from fairseq_plugins.errors import NumericalError
 from helpers import first_non_finite_module
@@ -294,7 +294,11 @@ def test_an_interrupt_during_the_rerun_is_not_swallowed():
 def test_train_step_keeps_fairseqs_signature():
     import inspect
 
-    assert inspect.signature(numerical_faults.train_step) == inspect.signature(numerical_faults.TRAIN_STEP.original)
+    step = inspect.signature(numerical_faults.train_step)
+    assert step.replace(parameters=list(step.parameters.values())[1:]) == inspect.signature(
+        numerical_faults.TRAIN_STEP.target.original)  # its step's, after the next step it calls
+    from fairseq.trainer import Trainer
+    assert inspect.signature(Trainer.train_step) == inspect.signature(numerical_faults.TRAIN_STEP.target.original)
 
 
 @pytest.fixture

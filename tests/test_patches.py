@@ -31,7 +31,7 @@ from omegaconf import OmegaConf, open_dict
 from fairseq_plugins import patches
 from fairseq_plugins.errors import CheckpointError, ConfigError, NumericalError
 from fairseq_plugins.network import free_port
-from fairseq_plugins.patches._mechanism import Patch, Target
+from fairseq_plugins.patches._mechanism import Patch, Target, Wrap
 
 
 OFFICIAL_0_12_2 = fairseq.__version__ == "0.12.2"  # the PyPI release, below Python 3.11 (docs/COMPATIBILITY.md)
@@ -52,7 +52,8 @@ def out(name):
 
 
 def targets():
-    return [t for p in patches.PATCHES.values() for t in p.replaces]
+    """Every attribute the patches replace, once (a Wrap's target is shared by its behaviours)."""
+    return list({id(t): t for p in patches.PATCHES.values() for t in p.targets()}.values())
 
 
 def where(target):
@@ -112,7 +113,8 @@ import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 from fairseq_plugins import patches  # every patch disabled by the environment: nothing installed
 assert not any(p.installed for p in patches.PATCHES.values())
-fairseq_own = [(t, vars(t.owner).get(t.name), t.name in vars(t.owner)) for p in patches.PATCHES.values() for t in p.replaces]
+targets = {id(t): t for p in patches.PATCHES.values() for t in p.targets()}.values()
+fairseq_own = [(t, vars(t.owner).get(t.name), t.name in vars(t.owner)) for t in targets]
 for name in patches.PATCHES:
     patches.install(name)
 changed = sum(vars(t.owner).get(t.name) is not v or (t.name in vars(t.owner)) != own for t, v, own in fairseq_own)
@@ -135,7 +137,7 @@ def test_install_then_uninstall_is_identity():
 
 
 def total_installed_targets():
-    return sum(len(p.replaces) for p in patches.PATCHES.values() if p.installed)
+    return len({id(t) for p in patches.PATCHES.values() if p.installed for t in p.targets()})
 
 
 def test_order_follows_requires():
@@ -251,28 +253,70 @@ def test_fake_patch_install_uninstall_inherited():
     assert "method" not in vars(Child) and Child.method is Owner.method
 
 
-def test_two_patches_of_one_attribute_uninstall_in_either_order():
+def test_two_behaviours_of_one_attribute_run_in_the_declared_order_and_uninstall_in_either_order():
+    """One Wrap: the order its list gives, whichever behaviour goes in first; either one out leaves the other."""
     class Stack(Owner):
         def method(self, x, y):
             return ("fairseq", x, y)
-    lower_target, upper_target = Target(Stack, "method", "self, x, y"), Target(Stack, "method", "self, x, y")
-    lower = Patch("tests.lower", {lower_target: lambda self, x, y: ("lower",) + lower_target(self, x, y)})
-    upper = Patch("tests.upper", {upper_target: lambda self, x, y: ("upper",) + upper_target(self, x, y)})
+    wrap = Wrap(Target(Stack, "method", "self, x, y"), order=["upper", "lower"])
+    lower = Patch("tests.lower", steps={wrap: lambda call, self, x, y: ("lower",) + call(self, x, y)})
+    upper = Patch("tests.upper", steps={wrap: lambda call, self, x, y: ("upper",) + call(self, x, y)})
     fairseq_own = vars(Stack)["method"]
-    assert lower.install() and upper.install()
-    assert Stack().method(1, 2) == ("upper", "lower", "fairseq", 1, 2)
-    lower.uninstall([lower_target, upper_target])  # the one underneath first: the upper one is relinked
-    assert Stack().method(1, 2) == ("upper", "fairseq", 1, 2)
-    upper.uninstall([upper_target])
-    assert vars(Stack)["method"] is fairseq_own
+    for first, second in ((lower, upper), (upper, lower)):
+        assert first.install() and second.install()
+        assert Stack().method(1, 2) == ("upper", "lower", "fairseq", 1, 2)
+        first.uninstall()
+        assert Stack().method(1, 2) == (second.name, "fairseq", 1, 2)
+        first.install()
+        second.uninstall()
+        assert Stack().method(1, 2) == (first.name, "fairseq", 1, 2)
+        first.uninstall()
+        assert vars(Stack)["method"] is fairseq_own
 
 
-def test_a_patch_of_a_fix_fairseq_has_stays_out(caplog):
+def test_an_attribute_two_patches_replace_is_refused_unless_they_share_a_wrap(monkeypatch):
+    """Each fairseq function is replaced once: two behaviours replacing one attribute are a declaration error."""
+    module = types.ModuleType("tests_two")
+    module.PATCHES = [Patch("one", {Target(Owner, "method", "self, x, y"): replacement}),
+                      Patch("two", {Target(Owner, "method", "self, x, y"): replacement})]
+    monkeypatch.setattr(patches, "GROUPS", ["tests_two"])
+    monkeypatch.setattr(patches.pkgutil, "iter_modules", lambda path: [types.SimpleNamespace(name="tests_two")])
+    monkeypatch.setattr(patches.importlib, "import_module", lambda name: module)
+    with pytest.raises(RuntimeError, match=r"\.Owner\.method is replaced by patches one and two: declare a Wrap$"):
+        patches._declared()
+
+
+def test_the_order_of_every_shared_fairseq_function_is_declared_and_each_behaviour_alone_leaves_the_others():
+    """Every Wrap lists its behaviours, outermost first, in code; taking any one out (and back) keeps the
+    others' steps in the same order and the attribute the one replacement."""
+    wraps = {id(w): w for p in patches.PATCHES.values() for w in p.steps}.values()
+    assert {repr(w.target): list(w.order) for w in wraps} == {
+        "fairseq.trainer.Trainer.save_checkpoint": ["patience_state", "elastic_resume", "divergence", "numerical_faults"],
+        "fairseq.checkpoint_utils.load_checkpoint": ["patience_state", "finished_run", "elastic_resume", "divergence"],
+        "fairseq.trainer.Trainer.train_step": ["divergence", "numerical_faults"],
+        "fairseq.distributed.utils.call_main": ["cpu_fp16", "cpu_launch"],
+        "fairseq.sequence_generator.SequenceGenerator.generate": ["max_len_warning", "match_source_len"],
+        "fairseq.sequence_generator.SequenceGeneratorWithAlignment.generate":
+            ["max_len_warning", "match_source_len", "alignment_attention"],
+    }
+    for wrap in wraps:
+        assert list(wrap.steps) == list(wrap.order)  # all in on this fairseq
+        for name in wrap.order:
+            # out: it and the behaviours that require it (divergence requires numerical_faults)
+            others = [n for n in wrap.order if n != name and name not in patches.PATCHES[n].requires]
+            with out(name):
+                assert list(wrap.steps) == others and all(patches.PATCHES[n].installed for n in others)
+                assert (getattr(wrap.target.owner, wrap.target.name) is wrap.run) == bool(others)
+            assert list(wrap.steps) == list(wrap.order) and getattr(wrap.target.owner, wrap.target.name) is wrap.run
+
+
+def test_a_patch_of_a_fix_fairseq_has_stays_out_silently(caplog):
+    """Not needed on this fairseq: out, no line at any level (a plain run prints nothing about it)."""
     fake = Patch("tests.fixed", {FAKE_METHOD: replacement}, fixed_upstream=lambda: True)
     with caplog.at_level(logging.DEBUG, logger="fairseq_plugins.patches"):
         assert not fake.install()
-    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
-    assert "has this fix" in caplog.records[0].getMessage() and Owner().method(1, 2) == ("fairseq", 1, 2)
+    assert caplog.records == []
+    assert "has this fix" in fake.unneeded() and Owner().method(1, 2) == ("fairseq", 1, 2)
 
 
 # -- the environment variable -------------------------------------------------------------------------------------
@@ -604,7 +648,7 @@ def test_clean_exit():
         consumer = blocked_consumer()
         assert not hasattr(consumer, "stop")  # fairseq's thread can only be abandoned
     consumer = blocked_consumer()
-    importlib.import_module("fairseq_plugins.patches.clean_exit").stop_consumers()
+    importlib.import_module("fairseq_plugins.patches.preemption").stop_consumers()
     assert not consumer.is_alive()
 
 
@@ -815,11 +859,11 @@ checkpoint: {{save_dir: {tmp_path}}}
 def test_encoder_fast_path_is_only_for_fairseq_0_12_2(caplog, tiny):
     """0.12.2: a loaded built-in transformer encodes as one never loaded (fairseq's own path dies); others: out."""
     patch = patches.PATCHES["encoder_fast_path"]
-    if not OFFICIAL_0_12_2:  # fairseq-fixed has no fast path to keep off: the patch stays out and says so
+    if not OFFICIAL_0_12_2:  # fairseq-fixed has no fast path to keep off: the patch stays out
         assert not patch.installed
         with caplog.at_level(logging.DEBUG, logger="fairseq_plugins.patches"):
             assert not patch.install()
-        assert caplog.records[0].levelno == logging.DEBUG and "not for this fairseq" in caplog.records[0].getMessage()
+        assert caplog.records == [] and "not for this fairseq" in patch.unneeded()  # silent: not needed here
         return
     cfg, task, _, sample = tiny
     with open_dict(cfg):

@@ -25,8 +25,9 @@ from helpers import (TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, first_non_fini
 from omegaconf import OmegaConf
 
 from fairseq_plugins.checkpoints import load_state, save_state
-from fairseq_plugins.patches import atomic_checkpoints
-from fairseq_plugins.patches.atomic_checkpoints import atomic_write
+from fairseq_plugins import checkpoints
+from fairseq_plugins.checkpoints import atomic_write
+from fairseq_plugins.patches import checkpoint_io
 from fairseq_plugins.errors import CheckpointError
 from fairseq_plugins.network import free_port
 
@@ -85,7 +86,7 @@ def test_package_import_makes_fairseq_checkpoint_writes_atomic():
              "from fairseq import checkpoint_utils\n"
              "print(checkpoint_utils.torch_persistent_save.__module__, checkpoint_utils.PathManager.__name__)\n")
     out = subprocess.run([sys.executable, "-I", "-c", probe], stdout=subprocess.PIPE, text=True, check=True).stdout
-    assert out.split() == ["fairseq_plugins.patches.atomic_checkpoints", "AtomicPathManager"]
+    assert out.split() == ["fairseq_plugins.patches.checkpoint_io", "AtomicPathManager"]
 
 
 def test_copy_into_full_disk_raises_one_line_and_keeps_previous_file(tmp_path, monkeypatch):
@@ -100,9 +101,9 @@ def test_copy_into_full_disk_raises_one_line_and_keeps_previous_file(tmp_path, m
         os.symlink("/dev/full", tmp)
         return tmp, open(tmp, "wb")
 
-    monkeypatch.setattr(atomic_checkpoints, "_create_temporary", full_disk_temporary)
+    monkeypatch.setattr(checkpoints, "_create_temporary", full_disk_temporary)
     with pytest.raises(CheckpointError) as error:
-        atomic_checkpoints.AtomicPathManager.copy(str(src), str(dst), overwrite=True)
+        checkpoint_io.AtomicPathManager.copy(str(src), str(dst), overwrite=True)
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"{dst}: checkpoint not saved")
     assert "(ENOSPC)" in message and "intact" in message
@@ -117,13 +118,13 @@ def test_planted_symlinks_are_never_written_through(tmp_path):
     victim.write_bytes(b"precious")
     last = tmp_path / "checkpoint_last.pt"
     os.symlink(victim, str(last) + ".tmp")
-    atomic_checkpoints.torch_persistent_save({"step": torch.ones(3)}, str(last))
+    checkpoint_io.torch_persistent_save({"step": torch.ones(3)}, str(last))
     assert victim.read_bytes() == b"precious" and os.readlink(str(last) + ".tmp") == str(victim)
     assert not last.is_symlink() and torch.equal(torch.load(last)["step"], torch.ones(3))
 
     os.remove(last)
     os.symlink(victim, last)
-    atomic_checkpoints.torch_persistent_save({"step": torch.zeros(3)}, str(last))
+    checkpoint_io.torch_persistent_save({"step": torch.zeros(3)}, str(last))
     assert victim.read_bytes() == b"precious"
     assert not last.is_symlink() and torch.equal(torch.load(last)["step"], torch.zeros(3))
 
@@ -192,13 +193,13 @@ def test_atomic_write_skips_a_taken_temporary_name_and_a_hundred_taken_are_one_l
     for taken in ("a", "b"):  # e.g. another writer's, or a planted file
         (tmp_path / f"checkpoint_last.pt.{taken}.tmp").write_bytes(b"theirs")
     names = iter(["a", "b", "c"])
-    monkeypatch.setattr(atomic_checkpoints.secrets, "token_hex", lambda nbytes: next(names))
+    monkeypatch.setattr(checkpoints.secrets, "token_hex", lambda nbytes: next(names))
     with atomic_write(str(target)) as f:
         f.write(b"new")
     assert target.read_bytes() == b"new"
     assert sorted(os.listdir(tmp_path)) == ["checkpoint_last.pt", "checkpoint_last.pt.a.tmp", "checkpoint_last.pt.b.tmp"]
     tries = []
-    monkeypatch.setattr(atomic_checkpoints.secrets, "token_hex", lambda nbytes: tries.append(nbytes) or "a")
+    monkeypatch.setattr(checkpoints.secrets, "token_hex", lambda nbytes: tries.append(nbytes) or "a")
     with pytest.raises(CheckpointError, match=r"no free temporary name beside it after 100 tries"):
         with atomic_write(str(target)):
             pass
@@ -208,20 +209,20 @@ def test_atomic_write_skips_a_taken_temporary_name_and_a_hundred_taken_are_one_l
 
 def test_atomic_save_leaves_asynchronous_writes_file_objects_and_remote_paths_to_fairseq(tmp_path, monkeypatch):
     saved, copied = [], []
-    monkeypatch.setattr(atomic_checkpoints, "SAVE", lambda obj, filename, async_write: saved.append(
+    monkeypatch.setattr(checkpoint_io, "SAVE", lambda obj, filename, async_write: saved.append(
         (filename, async_write)))
     local, handle, remote = str(tmp_path / "checkpoint_last.pt"), io.BytesIO(), "manifold://bucket/checkpoint_last.pt"
-    atomic_checkpoints.torch_persistent_save({}, local, async_write=True)
-    atomic_checkpoints.torch_persistent_save({}, handle)  # fairseq's retry loop passes an open file
+    checkpoint_io.torch_persistent_save({}, local, async_write=True)
+    checkpoint_io.torch_persistent_save({}, handle)  # fairseq's retry loop passes an open file
     monkeypatch.setattr(PathManager, "path_requires_pathmanager", staticmethod(lambda path: path.startswith("manifold:")))
     monkeypatch.setattr(PathManager, "copy", staticmethod(
         lambda src_path, dst_path, overwrite=False: copied.append((dst_path, overwrite)) or True))
-    atomic_checkpoints.torch_persistent_save({}, remote)
+    checkpoint_io.torch_persistent_save({}, remote)
     assert saved == [(local, True), (handle, False), (remote, False)] and os.listdir(tmp_path) == []
-    atomic_checkpoints.torch_persistent_save({"step": 1}, local)  # local and synchronous: the atomic write
+    checkpoint_io.torch_persistent_save({"step": 1}, local)  # local and synchronous: the atomic write
     assert len(saved) == 3 and torch.load(local) == {"step": 1}
-    atomic_checkpoints.AtomicPathManager.copy(local, remote)
-    atomic_checkpoints.AtomicPathManager.copy(local, remote, overwrite=True)
+    checkpoint_io.AtomicPathManager.copy(local, remote)
+    checkpoint_io.AtomicPathManager.copy(local, remote, overwrite=True)
     assert copied == [(remote, False), (remote, True)]  # fairseq's signature and default, passed on
 
 
@@ -233,7 +234,7 @@ def test_kill_9_in_the_middle_of_a_write_leaves_the_previous_file(tmp_path):
     before = sha256(target)
     child = (
         "import os, signal, sys\n"
-        "from fairseq_plugins.patches.atomic_checkpoints import atomic_write\n"
+        "from fairseq_plugins.checkpoints import atomic_write\n"
         "with atomic_write(sys.argv[1]) as f:\n"
         "    f.write(b'x' * 100000); f.flush()\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -38,7 +38,7 @@ def test_import_fairseq_plugins_still_installs_the_plugin():
     code = ("import fairseq_plugins, sys\n"
             "from fairseq.models import ARCH_MODEL_REGISTRY\n"
             "from fairseq import checkpoint_utils\n"
-            "from fairseq_plugins.patches import checkpoint_loading\n"
+            "from fairseq_plugins.patches import checkpoint_io\n"
             "assert 'torch' in sys.modules and 'rnnsearch' in ARCH_MODEL_REGISTRY\n"
-            "assert checkpoint_utils.load_checkpoint_to_cpu.__module__ == checkpoint_loading.__name__\n")
+            "assert checkpoint_utils.load_checkpoint_to_cpu.__module__ == checkpoint_io.__name__\n")
     subprocess.run([sys.executable, "-c", code], env=cli_env(), check=True)

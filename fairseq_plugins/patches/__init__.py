@@ -1,12 +1,14 @@
-"""Every change the suite makes to fairseq's behaviour, one module per behaviour.
+"""Every change the suite makes to fairseq's behaviour, grouped by what it changes.
 
-Each module declares ``PATCH``, a :class:`~fairseq_plugins.patches._mechanism.Patch`: the
-fairseq attributes it replaces (checked at install: present, same parameters), and the
-patches it requires. :func:`install_all` installs them, each after those it requires, once;
-``fairseq_plugins/__init__.py`` calls it before the registries are imported. Nothing here
-patches fairseq as an import side effect. ``FAIRSEQ_PLUGINS_DISABLE_PATCHES=name1,name2``
-keeps fairseq's own behaviour for the patches named (read once, at the first install). The
-README's "Patches to fairseq" table lists each one with the reason and the upstream issue.
+Each group module (:data:`GROUPS`, in install order) declares ``PATCHES``, its named behaviours,
+each a :class:`~fairseq_plugins.patches._mechanism.Patch`: the fairseq attributes it replaces
+and relies on (checked at install: present, same parameters), and the behaviours it requires.
+Each fairseq function is replaced once: where behaviours share one, it is a
+:class:`~fairseq_plugins.patches._mechanism.Wrap` whose steps run in the order it lists.
+:func:`install_all` installs them, once; ``fairseq_plugins/__init__.py`` calls it before the
+registries are imported. Nothing here patches fairseq as an import side effect.
+``FAIRSEQ_PLUGINS_DISABLE_PATCHES=name1,name2`` keeps fairseq's own behaviour for the behaviours
+or whole groups named (read once, at the first install). docs/PATCHES.md lists them.
 """
 import importlib
 import logging
@@ -14,34 +16,49 @@ import os
 import pkgutil
 
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.patches._mechanism import in_order, logger
+from fairseq_plugins.patches._mechanism import logger
 
 DISABLE = "FAIRSEQ_PLUGINS_DISABLE_PATCHES"
+GROUPS = ["command_line", "checkpoint_io", "data", "models", "launch", "numerical", "resume", "preemption",
+          "generation", "compiled_decoding"]  # install order (a behaviour's requirements come before it)
 
 
 def _declared():
-    """name -> Patch of every module of this package (those starting with "_" are helpers)."""
-    patches = {}
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            module = importlib.import_module(f"{__name__}.{info.name}")
-            if not hasattr(module, "PATCH"):
-                raise RuntimeError(f"{module.__file__}: a patch module declares PATCH = Patch(__name__, ...)")
-            patches[info.name] = module.PATCH
-    return patches
+    """(name -> Patch in install order, group -> names of its behaviours)."""
+    modules = {info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")}
+    if modules != set(GROUPS):
+        raise RuntimeError(f"{__name__}.GROUPS lists {sorted(GROUPS)}, the package holds {sorted(modules)}")
+    patches, groups = {}, {}
+    for group in GROUPS:
+        module = importlib.import_module(f"{__name__}.{group}")
+        declared = getattr(module, "PATCHES", None) or [module.PATCH]
+        groups[group] = [patch.name for patch in declared]
+        for patch in declared:
+            for required in patch.requires:
+                if required not in patches:
+                    raise RuntimeError(f"patch {patch.name} requires {required}, which no earlier patch is")
+            patches[patch.name] = patch
+    replacing = {}  # each fairseq attribute is replaced by one patch, or by one Wrap that several share
+    for patch in patches.values():
+        for target in {*patch.replaces, *{wrap.target for wrap in patch.steps}}:
+            first = replacing.setdefault((id(target.owner), target.name), (target, patch.name))
+            if first[0] is not target:
+                raise RuntimeError(f"{target!r} is replaced by patches {first[1]} and {patch.name}: declare a Wrap")
+    return patches, groups
 
 
-PATCHES = {patch.name: patch for patch in in_order(_declared())}  # install order
+PATCHES, GROUP_PATCHES = _declared()
 
 
 def disabled(value):
-    """The patch names of ``FAIRSEQ_PLUGINS_DISABLE_PATCHES=value``; an unknown one is a ConfigError."""
+    """The patch names of ``FAIRSEQ_PLUGINS_DISABLE_PATCHES=value`` (a group stands for its behaviours);
+    an unknown one is a ConfigError."""
     names = {n.strip() for n in value.split(",") if n.strip()}
-    unknown = sorted(names - set(PATCHES))
+    unknown = sorted(names - set(PATCHES) - set(GROUP_PATCHES))
     if unknown:
-        raise ConfigError(f"{DISABLE}={value!r}: no patch named {', '.join(unknown)}; "
-                          f"the patches are {', '.join(sorted(PATCHES))}")
-    return names
+        raise ConfigError(f"{DISABLE}={value!r}: no patch named {', '.join(unknown)}; the patches are "
+                          f"{', '.join(sorted(PATCHES))}; the groups are {', '.join(GROUPS)}")
+    return {p for n in names for p in GROUP_PATCHES.get(n, [n])}
 
 
 _disabled = None  # the names read from the environment at the first install_all
@@ -66,8 +83,7 @@ def uninstall(name):
     for other in reversed(list(PATCHES.values())):
         if other.installed and name in other.requires:
             uninstall(other.name)
-    targets = [t for p in PATCHES.values() if p.installed for t in p.replaces]
-    PATCHES[name].uninstall(targets)
+    PATCHES[name].uninstall()
 
 
 def install_all():

@@ -1,13 +1,17 @@
-"""The one way the suite changes fairseq: a :class:`Patch` of :class:`Target` replacements.
+"""The one way the suite changes fairseq: a :class:`Patch` (one named behaviour) of :class:`Target` replacements.
 
-A patch module declares ``PATCH = Patch(__name__, {TARGET: replacement, ...}, requires=(...))``
+A group module of this package declares ``PATCHES = [Patch("name", {TARGET: replacement, ...}), ...]``
 where each :class:`Target` names an attribute of fairseq (or torch) and the parameters it is
 expected to take. A replacement calls the original through its target (``TARGET(self, ...)``),
 which is what the attribute held when the patch was installed, or fairseq's attribute while
-the patch is out. Installing checks every target first (exists, same parameters): on a
-mismatch the patch stays out whole, with one warning line naming it and the fairseq version.
-Uninstalling restores exactly what was there (an attribute that was inherited is deleted
-again), also when another patch was installed over the same attribute afterwards.
+the patch is out. ``reads``: the private fairseq attributes a behaviour relies on without
+replacing them, checked the same way. Installing checks every target first (exists, same
+parameters, the text it raises): on a mismatch the patch stays out whole, with one warning line
+naming the fairseq attribute and the fairseq version. Uninstalling restores exactly what was there
+(an attribute that was inherited is deleted again).
+
+Each fairseq function is replaced once: where several behaviours change one, it is a :class:`Wrap`,
+whose one replacement runs the steps of the behaviours installed, in the order its ``order`` lists.
 
 A swap needed only during one call of the patch's own code is a scoped replacement instead:
 ``with TARGET.replaced(function):`` (this thread only; see :meth:`Target.replaced`) or
@@ -15,8 +19,10 @@ A swap needed only during one call of the patch's own code is a scoped replaceme
 """
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
+import re
 import threading
 
 logger = logging.getLogger("fairseq_plugins.patches")
@@ -35,14 +41,17 @@ def versions():
 
 
 class Target:
-    """One attribute of ``owner`` (a module or class) that a patch replaces.
+    """One attribute of ``owner`` (a module or class) that a patch replaces or relies on.
 
     ``params``: the parameters the attribute must take (see :func:`parameters`), or None for a
-    value that is only checked to exist; ``absent=True``: an attribute the patch adds.
+    value that is only checked to exist; ``absent=True``: an attribute the patch adds;
+    ``instance=True``: an attribute ``owner.__init__`` sets on each instance (checked in its source);
+    ``holds``: text the attribute's source must hold (an error message or a name the patch relies on).
     """
 
-    def __init__(self, owner, name, params=None, absent=False):
+    def __init__(self, owner, name, params=None, absent=False, instance=False, holds=None):
         self.owner, self.name, self.params, self.absent = owner, name, params, absent
+        self.instance, self.holds = instance, holds
         self.original = None  # what the attribute gave when the patch was installed
         self.saved = None  # (whether it was in the owner's own __dict__, that raw value)
         self.replacement = None  # what the patch put there (while installed)
@@ -58,20 +67,29 @@ class Target:
         return f"{module}.{owner}.{self.name}" if module else f"{owner}.{self.name}"
 
     def problem(self):
-        """Why this attribute cannot be replaced on the installed fairseq, or None."""
+        """Why this attribute cannot be replaced (or relied on) on the installed fairseq, or None."""
+        if self.instance:
+            return None if self._set_by_init() else f"{self} is missing (no longer set by its __init__)"
         present = hasattr(self.owner, self.name)
         if self.absent:
             return f"{self} exists already" if present else None
         if not present:
             return f"{self} is missing"
+        if self.holds is not None and self.holds not in _source(getattr(self.owner, self.name), self.holds):
+            return f"{self} no longer holds {self.holds!r}"
         if self.params is not None:
-            try:
-                found = parameters(getattr(self.owner, self.name))
+            try:  # a Wrap's target already in (for another behaviour): the original is what is checked
+                found = parameters(self.original if self.replacement is not None else getattr(self.owner, self.name))
             except (TypeError, ValueError):
                 return f"{self} is not a function"
             if found != self.params:
                 return f"{self} takes ({found}), not ({self.params})"
         return None
+
+    def _set_by_init(self):
+        pattern = re.compile(rf"\bself\.{re.escape(self.name)}\s*(:[^=]*)?=[^=]")
+        return any(pattern.search(_source(vars(cls)["__init__"], f"self.{self.name} =")) for cls in self.owner.__mro__
+                   if "__init__" in vars(cls))
 
     def __call__(self, *args, **kwargs):
         """The original: what was there at install, or the attribute itself while the patch is out."""
@@ -121,7 +139,7 @@ class Target:
                 self._depth -= 1
                 if self._depth == 0:
                     if getattr(self.owner, self.name) is self.replacement:
-                        self.uninstall(())
+                        self.uninstall()
                     else:
                         self.original = self.saved = self.replacement = None
 
@@ -146,34 +164,72 @@ class Target:
         self.replacement = replacement
         setattr(self.owner, self.name, replacement)
 
-    def uninstall(self, targets):
-        """Put back what was there; ``targets``: every installed target (one installed over this one is relinked)."""
-        above = next((t for t in targets if t is not self and t.owner is self.owner and t.name == self.name
-                      and t.replacement is not None and t.original is self.replacement), None)
-        if above is not None:  # another patch wraps this one: it now wraps what this one wrapped
-            above.original, above.saved = self.original, self.saved
-        elif self.saved[0]:
+    def uninstall(self):
+        """Put back what was there."""
+        if self.saved[0]:
             setattr(self.owner, self.name, self.saved[1])
         else:
             delattr(self.owner, self.name)
         self.original = self.saved = self.replacement = None
 
 
+class Wrap:
+    """A fairseq function that several behaviours change, replaced once.
+
+    ``order``: the names of those behaviours, outermost first. The one replacement runs, in that
+    order, the step of each behaviour installed; a step is ``step(call, *args, **kwargs)`` and goes
+    on with ``call(*args, **kwargs)`` (the next step, then the original). With no step in, the
+    attribute is fairseq's own again.
+    """
+
+    def __init__(self, target, order):
+        self.target, self.order = target, tuple(order)
+        self.steps = {}  # behaviour name -> step, while that behaviour is installed
+        wrap = self
+
+        def run(*args, **kwargs):
+            steps = [wrap.steps[name] for name in wrap.order if name in wrap.steps]
+            call = wrap.target
+            for step in reversed(steps):
+                call = functools.partial(step, call)
+            return call(*args, **kwargs)
+        self.run = run
+
+    def __repr__(self):
+        return f"Wrap({self.target!r}: {', '.join(self.order)})"
+
+    def add(self, name, step):
+        if name not in self.order:
+            raise RuntimeError(f"{self}: {name} is not in its order")
+        if not self.steps:
+            self.target.install(self.run)
+            self.run.__signature__ = inspect.signature(self.target.original)  # what callers inspect is fairseq's
+        self.steps[name] = step
+
+    def remove(self, name):
+        self.steps.pop(name, None)
+        if not self.steps and self.target.replacement is not None:
+            self.target.uninstall()
+
+
 class Patch:
     """One behaviour of the suite: the attributes it replaces and the patches it needs first.
 
-    ``fixed_upstream()``: True where the installed fairseq has the fix already (the patch stays
-    out, with a debug line); ``applies()``: False where the patch is for another fairseq version.
-    ``setup``/``teardown``: what installing does besides replacing attributes, and its undoing.
-    ``scoped``: the targets its code replaces only within a call (:meth:`Target.replaced`),
-    checked at install like the others.
+    ``replaces``: {Target: replacement} (attributes no other behaviour replaces); ``steps``:
+    {Wrap: step} (its step in a function several behaviours change); ``reads``: Targets of the
+    private attributes it relies on. ``fixed_upstream()``: True where the installed fairseq has
+    the fix already (the patch stays out, silently); ``applies()``: False where the patch
+    is for another fairseq version. ``setup``/``teardown``: what installing does besides replacing
+    attributes, and its undoing. ``scoped``: the targets its code replaces only within a call
+    (:meth:`Target.replaced`), checked at install like the others.
     """
 
-    def __init__(self, module_name, replaces, requires=(), fixed_upstream=None, applies=None, setup=None,
-                 teardown=None, scoped=()):
-        self.name = module_name.rsplit(".", 1)[-1]
+    def __init__(self, name, replaces=(), requires=(), fixed_upstream=None, applies=None, setup=None,
+                 teardown=None, scoped=(), steps=(), reads=()):
+        self.name = name.rsplit(".", 1)[-1]
         self.replaces = dict(replaces)
-        self.scoped = tuple(scoped)
+        self.steps = dict(steps)
+        self.scoped, self.reads = tuple(scoped), tuple(reads)
         self.requires = tuple(requires)
         self.fixed_upstream, self.applies = fixed_upstream, applies
         self.setup, self.teardown = setup, teardown
@@ -181,6 +237,10 @@ class Patch:
 
     def __repr__(self):
         return f"Patch({self.name})"
+
+    def targets(self):
+        """Every attribute this behaviour replaces, its own or shared."""
+        return [*self.replaces, *(wrap.target for wrap in self.steps)]
 
     def unneeded(self):
         """Why the installed fairseq needs no such patch, or None."""
@@ -190,61 +250,55 @@ class Patch:
             return f"the installed fairseq has this fix ({versions()})"
         return None
 
-    def why_out(self):
-        """(log level, reason) the patch must stay out on this fairseq, or None."""
-        unneeded = self.unneeded()
-        if unneeded is not None:
-            return logging.DEBUG, f"patch {self.name}: {unneeded}; left out"
-        problems = [p for p in (t.problem() for t in (*self.replaces, *self.scoped)) if p]
+    def problems(self):
+        """The one warning line saying why the patch cannot go in on this fairseq, or None."""
+        problems = [p for p in (t.problem() for t in (*self.targets(), *self.scoped, *self.reads)) if p]
         if problems:
-            return logging.WARNING, (f"fairseq-plugins: patch {self.name} not installed, fairseq's own behaviour "
-                                     f"is kept: {'; '.join(problems)} ({versions()})")
+            return (f"fairseq-plugins: patch {self.name} not installed, fairseq's own behaviour is kept: "
+                    f"{'; '.join(problems)} ({versions()})")
         return None
 
     def install(self):
-        """Replace every target, or (logging why) none; returns whether the patch is in."""
+        """Replace every target, or none; returns whether the patch is in.
+
+        A patch this fairseq does not need stays out silently (:meth:`unneeded` says why); one it
+        cannot apply stays out with one warning line naming the fairseq attributes at fault.
+        """
         if self.installed:
             return True
-        out = self.why_out()
-        if out is not None:
-            logger.log(*out)
+        if self.unneeded() is not None:
+            return False
+        problems = self.problems()
+        if problems is not None:
+            logger.warning(problems)
             return False
         for target, replacement in self.replaces.items():
             target.install(replacement)
+        for wrap, step in self.steps.items():
+            wrap.add(self.name, step)
         if self.setup is not None:
             self.setup()
         self.installed = True
         return True
 
-    def uninstall(self, installed_targets=()):
+    def uninstall(self):
         if not self.installed:
             return
         if self.teardown is not None:
             self.teardown()
+        for wrap in self.steps:
+            wrap.remove(self.name)
         for target in reversed(list(self.replaces)):
-            target.uninstall(installed_targets)
+            target.uninstall()
         self.installed = False
 
 
-def in_order(patches):
-    """``patches`` (name -> Patch) with each one after those it requires; ties by name."""
-    done, order = set(), []
-
-    def visit(name, path):
-        if name in done:
-            return
-        if name in path:
-            raise RuntimeError(f"patches require each other in a cycle: {' -> '.join(path + (name,))}")
-        if name not in patches:
-            raise RuntimeError(f"patch {path[-1]} requires {name}, which is no patch")
-        for required in sorted(patches[name].requires):
-            visit(required, path + (name,))
-        done.add(name)
-        order.append(patches[name])
-
-    for name in sorted(patches):
-        visit(name, ())
-    return order
+def _source(value, unknown):
+    """``value``'s source, or ``unknown`` where Python has none (a compiled module: nothing to check)."""
+    try:
+        return inspect.getsource(value)
+    except (OSError, TypeError):
+        return unknown
 
 
 def config_options(config: type, options: type) -> dict:

@@ -1,42 +1,67 @@
-"""SIGTERM/SIGUSR1 (a scheduler's notice of preemption): save ``checkpoint_last.pt`` and stop.
+"""How a run ends: on a scheduler's signal, and after its last update.
 
-fairseq-train ends at once on either signal, losing everything since the last save: up to a
-whole ``--save-interval`` of compute per preemption. With the suite, a signal only sets a flag.
-After each update every worker calls fairseq's ``validate_and_save``; there the workers
-all-reduce the flag, so all of them see a stop at the same update even when the signal reached
-only some (a collective that some ranks skip would deadlock). They finish that update's
-scheduled validation and saves as an uninterrupted run would, save ``checkpoint_last.pt``
-(atomically, see ``atomic_checkpoints``) if the update was not a save point, wait for each
-other (no worker exits before rank 0's checkpoint is complete), and exit at once with status
-:data:`EXIT_PREEMPTED` after rank 0 prints one line. The same command resumes from that
-update, so the run ends as an uninterrupted one would.
+Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``preemption`` for all):
 
-``--preemption-timeout S`` (default 60) bounds the wait: a worker that has not stopped S
-seconds after the signal (a long validation, a peer that died) prints one line and exits
-with the same status, without a new checkpoint. It is a field of fairseq's ``CheckpointConfig``
-(``cfg.checkpoint.preemption_timeout``), so it reaches the patch from ``fairseq-train``, from
-``fairseq_cli.train.main(cfg)``, and from ``fairseq-hydra-train +checkpoint.preemption_timeout=S``
-(the ``+``: hydra composes its config before the suite is imported; hydra ≥ 1.1, as 1.0 adds
-no key to a structured config). The signals are armed when
-fairseq's training loop starts (``fairseq_cli.train.train``); the run's state lives on its trainer.
+* ``preemption``: sIGTERM/SIGUSR1 (a scheduler's notice of preemption): save ``checkpoint_last.pt`` and stop.
+
+  fairseq-train ends at once on either signal, losing everything since the last save: up to a
+  whole ``--save-interval`` of compute per preemption. With the suite, a signal only sets a flag.
+  After each update every worker calls fairseq's ``validate_and_save``; there the workers
+  all-reduce the flag, so all of them see a stop at the same update even when the signal reached
+  only some (a collective that some ranks skip would deadlock). They finish that update's
+  scheduled validation and saves as an uninterrupted run would, save ``checkpoint_last.pt``
+  (atomically, see ``atomic_checkpoints``) if the update was not a save point, wait for each
+  other (no worker exits before rank 0's checkpoint is complete), and exit at once with status
+  :data:`EXIT_PREEMPTED` after rank 0 prints one line. The same command resumes from that
+  update, so the run ends as an uninterrupted one would.
+
+  ``--preemption-timeout S`` (default 60) bounds the wait: a worker that has not stopped S
+  seconds after the signal (a long validation, a peer that died) prints one line and exits
+  with the same status, without a new checkpoint. It is a field of fairseq's ``CheckpointConfig``
+  (``cfg.checkpoint.preemption_timeout``), so it reaches the patch from ``fairseq-train``, from
+  ``fairseq_cli.train.main(cfg)``, and from ``fairseq-hydra-train +checkpoint.preemption_timeout=S``
+  (the ``+``: hydra composes its config before the suite is imported; hydra ≥ 1.1, as 1.0 adds
+  no key to a structured config). The signals are armed when
+  fairseq's training loop starts (``fairseq_cli.train.train``); the run's state lives on its trainer.
+* ``clean_exit``: a finished run exits with status 0: fairseq's threads and process groups end before Python does.
+
+  Python kills the daemon threads that take the GIL back during finalisation with
+  ``pthread_exit``; unwinding through torch's ``noexcept`` C++ frames calls ``std::terminate``, and
+  a run that has saved its last checkpoint prints ``terminate called without an active
+  exception`` and aborts (SIGABRT, a failure to any script or scheduler). Two sources:
+
+  * fairseq's ``BufferedIterator`` (``--data-buffer-size``, default 10) collates batches in a
+    daemon thread that is still inside torch ops when training ends. Here the consumer checks a
+    stop event between items and never blocks for good on a full queue.
+  * a gloo process group left alive: its C++ worker threads still hold finished collectives'
+    tensors, freed during finalisation (torch never destroys the group on its own).
+
+  An ``atexit`` hook, which runs while the interpreter is whole, stops and joins every live
+  consumer and destroys the default process group.
 """
+import atexit
 import dataclasses
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
+import weakref
 
 import fairseq_cli.train as fairseq_train
 import torch
 import torch.distributed as dist
 from fairseq import checkpoint_utils
+from fairseq.data import iterators
 from fairseq.dataclass.configs import CheckpointConfig
 from fairseq.dataclass.initialize import hydra_init
 from fairseq.distributed import utils as distributed_utils
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.patches._mechanism import Patch, Target, config_options
+
+# -- preemption ----------------------------------------------------------------------------------------------------------
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later" -- rerun the same command
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -165,7 +190,77 @@ def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch
     return valid_losses, should_stop
 
 
-PATCH = Patch(__name__, {
-    **config_options(CheckpointConfig, _Option),  # --preemption-timeout, a field of fairseq's CheckpointConfig
-    TRAIN: train, VALIDATE_AND_SAVE: validate_and_save, SAVE: save_checkpoint,
-}, setup=hydra_init, teardown=hydra_init)
+# -- clean_exit ----------------------------------------------------------------------------------------------------------
+
+CONSUMER = Target(iterators, "BackgroundConsumer", "queue, source, max_len, cuda_device")
+# fairseq's consumer thread's own state, which the run() below reads as fairseq's does
+CONSUMER_READS = [Target(iterators, "_sentinel"),
+                  *(Target(iterators.BackgroundConsumer, name, instance=True)
+                    for name in ("_queue", "_source", "_max_len", "count", "cuda_device"))]
+
+_POLL_S = 0.05  # how often a consumer waiting on a full queue looks for the stop event
+_JOIN_S = 60.0  # an item being collated finishes well within this
+_live = weakref.WeakSet()
+
+
+class BackgroundConsumer(iterators.BackgroundConsumer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stop = threading.Event()
+        _live.add(self)
+
+    def _put(self, item):
+        while not self.stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def run(self):
+        if self.cuda_device is not None:  # as fairseq: no context on GPU 0 with pin_memory
+            torch.cuda.set_device(self.cuda_device)
+        try:
+            for item in self._source:
+                if not self._put(item):
+                    return
+                self.count += 1
+                if self._max_len is not None and self.count >= self._max_len:
+                    break
+            self._put(iterators._sentinel)
+        except Exception as e:  # handed to the training loop, as fairseq does
+            self._put(e)
+
+
+def stop_consumers():
+    """Stop every prefetching thread and wait for it (the item in hand is finished first)."""
+    consumers = list(_live)
+    for consumer in consumers:
+        consumer.stop.set()
+    for consumer in consumers:
+        if consumer.is_alive():
+            consumer.join(_JOIN_S)
+
+
+def destroy_process_group():
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except RuntimeError as e:  # the run's result is already decided; say why teardown failed
+            print(f"warning: destroying the process group at exit failed: {e}", file=sys.stderr)
+
+
+def _at_exit():
+    stop_consumers()
+    destroy_process_group()
+
+
+PATCHES = [
+    Patch("preemption", {
+        **config_options(CheckpointConfig, _Option),  # --preemption-timeout, a field of fairseq's CheckpointConfig
+        TRAIN: train, VALIDATE_AND_SAVE: validate_and_save, SAVE: save_checkpoint,
+    }, setup=hydra_init, teardown=hydra_init),
+    Patch("clean_exit", {CONSUMER: BackgroundConsumer}, reads=CONSUMER_READS, setup=lambda: atexit.register(_at_exit),
+          teardown=lambda: atexit.unregister(_at_exit)),
+]

@@ -1,6 +1,7 @@
-"""fairseq 0.12.2's built-in transformer encoder stays off its broken "BetterTransformer" path.
+"""How fairseq's own models load and run.
 
-Once a checkpoint is loaded, 0.12.2's ``TransformerEncoderLayerBase`` takes a fast path in
+``encoder_fast_path``: fairseq 0.12.2's built-in transformer encoder stays off its broken
+"BetterTransformer" path. Once a checkpoint is loaded, 0.12.2's ``TransformerEncoderLayerBase`` takes a fast path in
 eval mode that calls ``torch._transformer_encoder_layer_fwd`` without the ``mask_type``
 argument torch >= 2.0 requires, so ``fairseq-generate`` on a built-in ``transformer`` dies
 with ``RuntimeError: Mask Type should be defined`` (upstream issues #4858, #4899; fairseq's
@@ -14,6 +15,7 @@ from fairseq_plugins.patches._mechanism import Patch, Target
 
 LOAD = Target(TransformerEncoderLayerBase, "_load_from_state_dict",
               "self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs")
+FAST_PATH_FLAG = Target(TransformerEncoderLayerBase, "load_to_BT", instance=True)
 
 
 def load_encoder_layer_state(layer, *args):
@@ -27,4 +29,4 @@ def has_fast_path():
     return "_load_from_state_dict" in vars(TransformerEncoderLayerBase)
 
 
-PATCH = Patch(__name__, {LOAD: load_encoder_layer_state}, applies=has_fast_path)
+PATCHES = [Patch("encoder_fast_path", {LOAD: load_encoder_layer_state}, applies=has_fast_path, reads=[FAST_PATH_FLAG])]
