@@ -141,6 +141,20 @@ def test_every_step_equals_a_full_forward_of_the_reordered_prefixes(arch, scenar
                 assert (out[1]["attn"][0][:, -1] - full_out[1]["attn"][0][:, -1]).abs().max() < TOL, (t, kind)
 
 
+def self_attention_entries(model, cache):
+    """name -> stored buffer of every decoder layer's self-attention keys and values (none for the RNNs)."""
+    entries = {}
+    for layer in getattr(model.decoder, "layers", []):
+        attention = cache.self_attention(layer.self_attn.layer)
+        entries.update(zip(attention.names, (attention.keys, attention.values)))
+    return entries
+
+
+def kept_per_beam(model, cache):
+    """name -> every tensor the cache keeps once per beam."""
+    return {**cache.per_beam, **self_attention_entries(model, cache)}
+
+
 @pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny", "rnnencdec_tiny"])
 def test_reorders_within_beams_copy_no_shared_tensor(arch):
     """The fast path: while no beam finishes or moves, the per-sentence tensors and the
@@ -154,17 +168,17 @@ def test_reorders_within_beams_copy_no_shared_tensor(arch):
         model.decoder(prev, encoder_out, incremental_state=state)
         cache = get_cache(model.decoder, state)
         assert cache.beam_size == beam
-        shared = {name: cache.tensors[name].data_ptr() for name in cache.names() if cache.kinds[name] != "rows"}
-        assert shared and all(cache.tensors[name].size(0) == 3 for name in shared)  # once per sentence
+        shared = {name: t.data_ptr() for name, t in kept_per_beam(model, cache).items()}
+        assert shared and all(t.size(0) == 3 for t in kept_per_beam(model, cache).values())  # once per sentence
         for drop in (False, False, True):
             order = within_beams(prev.size(0), beam, g, drop=drop)
             model.decoder.reorder_incremental_state(state, order)
-            moved = [name for name in shared if cache.tensors[name].data_ptr() != shared[name]]
+            moved = [name for name, t in kept_per_beam(model, cache).items() if t.data_ptr() != shared[name]]
             assert moved == (list(shared) if drop else []), drop
             prev = torch.cat([prev[order], torch.full((order.numel(), 1), 5)], dim=1)
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
             model.decoder(prev, encoder_out, incremental_state=state)
-        assert cache.beam_size == beam and all(cache.tensors[name].size(0) == 2 for name in shared)
+        assert cache.beam_size == beam and all(t.size(0) == 2 for t in kept_per_beam(model, cache).values())
 
 
 @pytest.mark.parametrize("arch", ["vaswani_transformer_tiny", "rnnsearch_tiny"])
@@ -179,7 +193,7 @@ def test_one_sentence_decodes_in_the_beam_layout(arch):
         model.decoder(torch.full((beam, 1), DICT.eos()), encoder_out, incremental_state=state)
     cache = get_cache(model.decoder, state)
     assert cache.beam_size == beam
-    assert all(cache.tensors[name].size(0) == 1 for name in cache.names("sentences"))
+    assert all(t.size(0) == 1 for t in cache.per_beam.values())
 
 
 def test_self_attention_entries_take_at_most_twice_the_steps_written():
@@ -194,9 +208,9 @@ def test_self_attention_entries_take_at_most_twice_the_steps_written():
         for t in range(1, 41):
             model.decoder(prev, encoder_out, incremental_state=state)
             cache = get_cache(model.decoder, state)
-            for name in cache.names("entries"):
-                assert t <= cache.tensors[name].size(2) <= max(16, 2 * t), (t, name, cache.tensors[name].shape)
-                capacities.add(cache.tensors[name].size(2))
+            for name, entries in self_attention_entries(model, cache).items():
+                assert t <= entries.size(2) <= max(16, 2 * t), (t, name, entries.shape)
+                capacities.add(entries.size(2))
             prev = torch.cat([prev, torch.full((2 * beam, 1), 5)], dim=1)
     assert sorted(capacities) == [16, 32, 64]
 

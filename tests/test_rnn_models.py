@@ -429,7 +429,7 @@ def initial_state(model, encoder_out):
     """The decoder's s_0 as its decoding cache starts."""
     cache = BeamCache.for_encoder_out(encoder_out)
     model.decoder.start_cache(encoder_out, cache)
-    return cache.get("s")
+    return cache.per_hypothesis["s"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -502,7 +502,7 @@ def test_decoding_keeps_sentence_tensors_unmoved_through_beam_reorders_then_any_
             out = model.decoder(tokens, encoder_out=enc, incremental_state=state)
             steps.append(model.get_normalized_probs(out, log_probs=True)[:, -1])
             cache = get_cache(model.decoder, state)
-            per_sentence = [cache.get(name).data_ptr() for name in cache.names("sentences")]
+            per_sentence = [t.data_ptr() for t in cache.per_beam.values()]
             if k <= 2:  # every beam stays: nothing shared moves
                 assert per_sentence and cache.beam_size == 2 and per_sentence == (kept or per_sentence)
             kept = per_sentence

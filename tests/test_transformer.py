@@ -610,12 +610,13 @@ def test_incremental_decoding_equals_full_forward_under_any_reorder(flags):
 
 def self_attn_buffers(model, state):
     cache = get_cache(model.decoder, state)
-    return [cache.tensors[name] for name in cache.names("entries")]
+    attentions = [cache.self_attention(layer.self_attn.layer) for layer in model.decoder.layers]
+    return [t for attention in attentions for t in (attention.keys, attention.values)]
 
 
 def encoder_kv(model, state):
     cache = get_cache(model.decoder, state)
-    return [cache.get(name) for name in cache.names("sentences") if ".encoder_attn." in name]
+    return [t for name, t in cache.per_beam.items() if ".encoder_attn." in name]
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(encoder_normalize_before=True, decoder_normalize_before=True)])
@@ -676,7 +677,7 @@ def test_beam_cache_self_attention_equals_naive_cat_reference():
     group, n = 3, 6
     cache = BeamCache(n, group)
     attn.start_cache(cache, torch.zeros(1))
-    cache.put("sentences", "unused", torch.zeros(n // group))  # something shared: the beam layout's fast path
+    cache.per_beam["unused"] = torch.zeros(n // group)  # something shared: the beam layout's fast path
     ref_kv = None
     x = torch.randn(n, 1, 64, generator=g)
     with torch.no_grad():

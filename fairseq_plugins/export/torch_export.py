@@ -26,8 +26,8 @@ for every family, ``slots`` [R, G, t], the hypothesis (within its beam) whose en
 each hypothesis reads. A search outside, like the ONNX runtime (``fairseq_plugins_onnx.py``):
 
 - after the first step, :func:`expand_beams` makes G copies of every sentence's hypothesis;
-- after each step, row g of a beam continuing row p: the ``rows`` tensors and ``slots`` take
-  row p (``index_select`` on the flattened R·G rows), nothing else moves;
+- after each step, row g of a beam continuing row p: the ``rows`` tensors (per hypothesis) and
+  ``slots`` take row p (``index_select`` on the flattened R·G rows), nothing else moves;
 - when sentences finish, every tensor keeps the beams that go on (``index_select`` of dim 0).
 
 The programs run the decoder's own ``start_cache`` and decoding step on a BeamCache made by
@@ -45,11 +45,21 @@ from torch.export import Dim, ExportedProgram
 
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.models.transformer import VaswaniTransformerDecoder, VaswaniTransformerEncoder
-from fairseq_plugins.modules.beam_cache import BeamCache, BeamCacheDecoder, IncrementalState, put_cache
+from fairseq_plugins.modules.beam_cache import (
+    PER_BEAM,
+    PER_HYPOTHESIS,
+    SELF_ATTENTION,
+    BeamCache,
+    BeamCacheDecoder,
+    IncrementalState,
+    put_cache,
+)
 
 TRACED_STEPS = 2  # decoding steps before the step is traced: a traced length of 0 or 1 would be specialised
 TRACED_BEAM = 3  # and the beam size it is traced with (1 would be specialised; 2 is the batch's size)
 SLOTS = "slots"  # the last state tensor's name
+# the exported state's kinds, as the folders' interface (version 2) names a BeamCache's
+STATE_KINDS = {PER_HYPOTHESIS: "rows", PER_BEAM: "sentences", SELF_ATTENTION: "entries"}
 
 
 def _example_source(dictionary, lengths=(7, 5)) -> Tensor:
@@ -79,8 +89,11 @@ class DecoderStepProgram(nn.Module):
     """One step of the eager decoder on the state handed in."""
 
     def __init__(self, model, kinds: Dict[str, str], attention: bool = False):
+        """``kinds``: as :func:`state_kinds` gives them."""
         super().__init__()
-        self.decoder, self.kinds, self.attention = model.decoder, kinds, attention
+        cache_kind = {exported: kind for kind, exported in STATE_KINDS.items()}
+        self.decoder, self.attention = model.decoder, attention
+        self.kinds = {name: cache_kind[kind] for name, kind in kinds.items()}  # the BeamCache's
 
     def forward(self, prev_token: Tensor, *state: Tensor) -> Tuple[Tensor, ...]:
         """prev_token [R, G]; ``state`` as :meth:`BeamCache.state` gives it."""
@@ -101,14 +114,15 @@ def _attention(extra, wanted: bool) -> Tuple[Tensor, ...]:
 
 
 def state_kinds(model) -> Dict[str, str]:
-    """State name -> its BeamCache kind, in the programs' order: ``rows`` (one per hypothesis,
-    changed by every step), ``sentences`` (the encoder's, the step returns them unchanged) or
-    ``entries`` (self-attention keys/values, one more per step)."""
+    """State name -> its kind, in the programs' order: ``rows`` (the BeamCache's per hypothesis,
+    changed by every step), ``sentences`` (per beam: the encoder's, the step returns them
+    unchanged) or ``entries`` (self-attention keys/values, one more per step)."""
     if not isinstance(model.decoder, BeamCacheDecoder):
         raise ConfigError(f"{type(model.decoder).__name__}: no step-wise export for this decoder "
                           f"(it keeps no BeamCache)")
     with torch.no_grad():
-        return dict(EncoderProgram(model).start(_example_source(model.encoder.dictionary)).kinds)
+        kinds = EncoderProgram(model).start(_example_source(model.encoder.dictionary)).kinds
+    return {name: STATE_KINDS[kind] for name, kind in kinds.items()}
 
 
 def state_names(model) -> List[str]:

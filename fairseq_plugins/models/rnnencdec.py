@@ -47,9 +47,9 @@ class FixedContext(nn.Module):
     def start(self, encoder_out: EncoderOut) -> Dict[str, Tensor]:
         return {"c": encoder_out["encoder_out"][0]}  # once per sentence: (bsz, n)
 
-    def step(self, s_prev: Tensor, sentences: Dict[str, Tensor]):
+    def step(self, s_prev: Tensor, per_beam: Dict[str, Tensor]):
         """c (R, 1, n) for the G hypotheses (R, G, n) of each beam; no alignment."""
-        return sentences["c"].unsqueeze(1), None
+        return per_beam["c"].unsqueeze(1), None
 
     def compile_step(self) -> Optional[str]:
         return None  # no alignment: a step is the GRU's and the deep output's matmuls

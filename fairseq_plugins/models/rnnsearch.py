@@ -113,10 +113,10 @@ class AttentionContext(nn.Module):
             "padding_mask": encoder_out["encoder_padding_mask"][0],
         }
 
-    def step(self, s_prev: Tensor, sentences: Dict[str, Tensor]):
+    def step(self, s_prev: Tensor, per_beam: Dict[str, Tensor]):
         """c_i (R, G, 2n) and α_i (R, G, src_len) from s_{i-1} (R, G, n): the G hypotheses of a
         beam attend together to their sentence's annotations."""
-        return self.attention(s_prev, sentences["U_a_h"], sentences["h"], sentences["padding_mask"])
+        return self.attention(s_prev, per_beam["U_a_h"], per_beam["h"], per_beam["padding_mask"])
 
     def compile_step(self) -> Optional[str]:
         self.attention.compile_energies()
@@ -158,11 +158,15 @@ class ConditionalGRUDecoder(BeamCacheDecoder):
         self.maxout = Maxout(2 * maxout_dim, pool_size=2)
         self.W_o = nn.Linear(maxout_dim, len(dictionary))
 
+    def initial_state(self, encoder_out: EncoderOut) -> Tensor:
+        """``s_0 = tanh(W_s x_0)``: (bsz, n)."""
+        return torch.tanh(self.W_s(self.context.initial_input(encoder_out)))
+
     def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
-        """``s_0 = tanh(W_s x_0)`` per hypothesis; the context's tensors per sentence."""
-        cache.put("rows", "s", torch.tanh(self.W_s(self.context.initial_input(encoder_out))))  # (N, n)
-        for name, tensor in self.context.start(cache.per_sentence(encoder_out)).items():
-            cache.put("sentences", name, tensor)
+        """``s_0`` per hypothesis; the context's tensors per beam."""
+        cache.per_hypothesis["s"] = self.initial_state(encoder_out)  # (N, n)
+        for name, tensor in self.context.start(cache.beam_rows(encoder_out)).items():
+            cache.per_beam[name] = tensor
 
     def forward(self, prev_output_tokens, encoder_out: Optional[EncoderOut],
                 incremental_state: Optional[IncrementalState] = None, **unused):
@@ -172,15 +176,13 @@ class ConditionalGRUDecoder(BeamCacheDecoder):
     def extract_features(self, prev_output_tokens, encoder_out: Optional[EncoderOut],
                          incremental_state: Optional[IncrementalState] = None):
         """Returns the maxout outputs t (bsz, tgt_len, l) and ``{"attn": [α (bsz, tgt_len, src_len) or None]}``."""
-        if incremental_state is not None:
-            cache = self.decoding_cache(incremental_state, encoder_out)
+        cache = None if incremental_state is None else self.decoding_cache(incremental_state, encoder_out)
+        if cache is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
-        else:  # teacher forcing: a cache for this call only
-            cache = BeamCache.for_encoder_out(encoder_out)
-            self.start_cache(encoder_out, cache)
-        sentences = {name: cache.get(name) for name in cache.names("sentences")}
-        s = cache.get("s")  # (N, n)
-        rows, beam_size, n = s.size(0), cache.beam_size, s.size(1)
+            s, per_beam, beam_size = cache.per_hypothesis["s"], cache.per_beam, cache.beam_size  # s: (N, n)
+        else:  # teacher forcing: every row a beam of its own
+            s, per_beam, beam_size = self.initial_state(encoder_out), self.context.start(encoder_out), 1
+        rows, n = s.size(0), s.size(1)
 
         Ey = self.dropout_module(self.embed_tokens(prev_output_tokens))  # E y_{i-1}: (N, tgt_len, m)
         W_Ey = self.cell.project_input(Ey.transpose(0, 1))  # (tgt_len, N, 3n), all steps at once
@@ -189,7 +191,7 @@ class ConditionalGRUDecoder(BeamCacheDecoder):
         contexts: List[Tensor] = []
         alphas: List[Optional[Tensor]] = []
         for W_Ey_i in W_Ey.unbind(0):  # unbind: indexing's backward allocates a full-size zero tensor per step
-            c, alpha = self.context.step(s, sentences)  # c_i (R, G or 1, k), α_i
+            c, alpha = self.context.step(s, per_beam)  # c_i (R, G or 1, k), α_i
             s_prev = s
             s = self.cell(W_Ey_i.reshape(-1, beam_size, W_Ey_i.size(1)), self.cell.project_context(c), s_prev)  # s_i
             states.append((s_prev if self.use_previous_state else s).reshape(rows, n))
@@ -203,7 +205,8 @@ class ConditionalGRUDecoder(BeamCacheDecoder):
         )  # t̃_i = U_o s + V_o E y_{i-1} + C_o c_i: (N, tgt_len, 2l)
         t = self.dropout_module(self.maxout(t_tilde))  # t_i: (N, tgt_len, l)
 
-        cache.put("rows", "s", s.reshape(rows, n))
+        if cache is not None:
+            cache.per_hypothesis["s"] = s.reshape(rows, n)
         attn = None if alphas[0] is None else torch.stack(alphas, dim=1)  # (N, tgt_len, src_len)
         return t, {"attn": [attn]}
 

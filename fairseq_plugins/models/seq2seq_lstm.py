@@ -128,26 +128,24 @@ class LSTMDecoder(BeamCacheDecoder):
 
     def extract_features(self, prev_output_tokens, encoder_out: Optional[EncoderOut],
                          incremental_state: Optional[IncrementalState] = None):
-        if incremental_state is not None:
-            cache = self.decoding_cache(incremental_state, encoder_out)
+        cache = None if incremental_state is None else self.decoding_cache(incremental_state, encoder_out)
+        if cache is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
-        else:  # teacher forcing: a cache for this call only
-            cache = BeamCache.for_encoder_out(encoder_out)
-            self.start_cache(encoder_out, cache)
+            h, c = cache.per_hypothesis["h"], cache.per_hypothesis["c"]  # (bsz, layers, H)
+        else:  # teacher forcing: the encoder's final states themselves
+            h, c = encoder_out["encoder_h"][0], encoder_out["encoder_c"][0]
         x = self.dropout_module(self.embed_tokens(prev_output_tokens))  # (bsz, tgt_len, d)
-        h0 = cache.get("h").transpose(0, 1).contiguous()  # (layers, bsz, H)
-        c0 = cache.get("c").transpose(0, 1).contiguous()
         # nn.LSTM drops out between layers in training mode only: --retain-dropout keeps it on too
         self.rnn.training = self.training or self.dropout_module.apply_during_inference
-        x, (h_n, c_n) = self.rnn(x, (h0, c0))
-        cache.put("rows", "h", h_n.transpose(0, 1))
-        cache.put("rows", "c", c_n.transpose(0, 1))
+        x, (h_n, c_n) = self.rnn(x, (h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()))  # layers first
+        if cache is not None:
+            cache.per_hypothesis["h"], cache.per_hypothesis["c"] = h_n.transpose(0, 1), c_n.transpose(0, 1)
         return self.dropout_module(x), {"attn": [None]}
 
     def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
         """The encoder's final (h, c) per hypothesis, batch-first: (bsz, layers, H)."""
-        cache.put("rows", "h", encoder_out["encoder_h"][0])
-        cache.put("rows", "c", encoder_out["encoder_c"][0])
+        cache.per_hypothesis["h"] = encoder_out["encoder_h"][0]
+        cache.per_hypothesis["c"] = encoder_out["encoder_c"][0]
 
     def output_layer(self, x: Tensor) -> Tensor:
         return self.fc_out(x)  # plain softmax over the target vocabulary

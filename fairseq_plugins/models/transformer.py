@@ -81,7 +81,7 @@ def run_layer(layer: nn.Module, args: tuple, checkpoint: bool, offload: bool):
 
 def init_layer_stack(stack: nn.Module, args, side: str, embed_tokens: nn.Embedding, make_layer) -> None:
     """What the encoder and the decoder (``side``) share: √d_model-scaled embeddings plus
-    positions, ``--{side}-layers`` layers from ``make_layer(d_model)``, and the final LayerNorm
+    positions, ``--{side}-layers`` layers from ``make_layer(d_model, index)``, and the final LayerNorm
     of pre-LN stacks."""
     d_model = embed_tokens.embedding_dim
     positions = "source" if side == "encoder" else "target"
@@ -93,7 +93,7 @@ def init_layer_stack(stack: nn.Module, args, side: str, embed_tokens: nn.Embeddi
     stack.embed_positions = build_positional_encoding(
         getattr(args, f"max_{positions}_positions"), d_model, stack.padding_idx, getattr(args, f"{side}_learned_pos"),
         args.fairseq_positions, f"--max-{positions}-positions")
-    stack.layers = nn.ModuleList(make_layer(d_model) for _ in range(getattr(args, f"{side}_layers")))
+    stack.layers = nn.ModuleList(make_layer(d_model, i) for i in range(getattr(args, f"{side}_layers")))
     stack.layer_norm = nn.LayerNorm(d_model) if getattr(args, f"{side}_normalize_before") else None
     stack.checkpoint_activations, stack.offload_activations = args.checkpoint_activations, args.offload_activations
 
@@ -103,7 +103,7 @@ class VaswaniTransformerEncoder(FairseqEncoder):
 
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
         super().__init__(dictionary)
-        init_layer_stack(self, args, "encoder", embed_tokens, lambda d_model: TransformerEncoderLayer(
+        init_layer_stack(self, args, "encoder", embed_tokens, lambda d_model, _: TransformerEncoderLayer(
             d_model, args.encoder_ffn_embed_dim, args.encoder_attention_heads, args.dropout, args.attention_dropout,
             args.activation_dropout, args.encoder_normalize_before, ffn_init=args.ffn_init))
 
@@ -133,12 +133,9 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding, encoder_dim: int):
         super().__init__(dictionary)
         d_model = embed_tokens.embedding_dim
-        init_layer_stack(self, args, "decoder", embed_tokens, lambda d_model: TransformerDecoderLayer(
+        init_layer_stack(self, args, "decoder", embed_tokens, lambda d_model, i: TransformerDecoderLayer(
             d_model, args.decoder_ffn_embed_dim, args.decoder_attention_heads, args.dropout, args.attention_dropout,
-            args.activation_dropout, args.decoder_normalize_before, encoder_dim, ffn_init=args.ffn_init))
-        for i, layer in enumerate(self.layers):  # their tensors' names in the decoding cache
-            layer.self_attn.cache_name = f"layers.{i}.self_attn"
-            layer.encoder_attn.cache_name = f"layers.{i}.encoder_attn"
+            args.activation_dropout, args.decoder_normalize_before, encoder_dim, ffn_init=args.ffn_init, layer=i))
         self.alignment_layer = args.alignment_layer % args.decoder_layers
         self.need_attn = True  # fairseq-generate sets it to --print-alignment
         self.output_projection = nn.Linear(d_model, len(dictionary), bias=False)
@@ -163,7 +160,7 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
         if cache is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]  # the newest token only
             cache.begin_step()
-            encoder, padding = None, cache.get("encoder_padding_mask")  # [R, S]
+            encoder, padding = None, cache.per_beam["encoder_padding_mask"]  # [R, S]
         else:
             encoder, padding = encoder_out["encoder_out"][0], encoder_out["encoder_padding_mask"][0]
         x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions  # √d·E y + PE
@@ -184,13 +181,13 @@ class VaswaniTransformerDecoder(BeamCacheDecoder):
     def start_cache(self, encoder_out: EncoderOut, cache: BeamCache) -> None:
         """Per sentence: every layer's encoder keys and values [R, h, S, d_k] and the source
         padding mask [R, S]; room for every layer's self-attention keys and values."""
-        sentences = cache.per_sentence(encoder_out)
-        encoder = sentences["encoder_out"][0]  # [R, S, d]
+        beams = cache.beam_rows(encoder_out)
+        encoder = beams["encoder_out"][0]  # [R, S, d]
         for layer in self.layers:
             layer.encoder_attn.start_cache(cache, encoder)
         for layer in self.layers:
             layer.self_attn.start_cache(cache, encoder)
-        cache.put("sentences", "encoder_padding_mask", sentences["encoder_padding_mask"][0])
+        cache.per_beam["encoder_padding_mask"] = beams["encoder_padding_mask"][0]
 
     def output_layer(self, features: Tensor) -> Tensor:
         return self.output_projection(features)  # pre-softmax linear transformation

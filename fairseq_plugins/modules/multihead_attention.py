@@ -12,15 +12,16 @@ Self-attention projects Q, K and V with one fused [3·d_model, d_model] matrix (
 Encoder–decoder attention projects the queries with ``q_proj`` and the encoder output with
 one fused [2·d_model, kdim] matrix (``kv_proj``).
 
-Decoding step by step, both read and write a :class:`~fairseq_plugins.modules.beam_cache.BeamCache`:
-keys and values under :meth:`MultiheadAttention.cache_names` (from ``cache_name``, set by the
-decoder), heads first as attention reads them; :meth:`MultiheadAttention.start_cache` fills it.
-For a beam size G > 1 (R = N / G beams, each of G hypotheses of one source sentence) a beam's G
-rows attend together as one [h, G, d_k] query block:
+Decoding step by step, both read and write a :class:`~fairseq_plugins.modules.beam_cache.BeamCache`,
+as decoder layer ``layer`` (given at construction), heads first as attention reads them;
+:meth:`MultiheadAttention.start_cache` fills it. For a beam size G > 1 (R = N / G beams, each of
+G hypotheses of one source sentence) a beam's G rows attend together as one [h, G, d_k] query
+block:
 
-- encoder–decoder: ``sentences`` [R, h, S, d_k] each, the decoder computes them once per beam;
-- self-attention: ``entries`` [R, h, t·G, d_k] each, read step-major and slot-minor through
-  the cache's additive ``self_attn_mask``.
+- encoder–decoder: keys and values ``per_beam`` [R, h, S, d_k] each, computed once per beam
+  (named ``layers.<layer>.encoder_attn.k``, ``.v``);
+- self-attention: the cache's ``self_attention(layer)`` entries [R, h, t·G, d_k] each, read
+  step-major and slot-minor through the additive mask its ``update`` returns.
 """
 from typing import Optional, Tuple
 
@@ -35,7 +36,7 @@ from fairseq_plugins.modules.beam_cache import BeamCache
 
 class MultiheadAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
-                 encoder_decoder_attention: bool = False, kdim: Optional[int] = None):
+                 encoder_decoder_attention: bool = False, kdim: Optional[int] = None, layer: int = 0):
         super().__init__()
         if embed_dim % num_heads != 0:
             raise ConfigError(f"embedding dimension {embed_dim} is not divisible by the "
@@ -45,7 +46,7 @@ class MultiheadAttention(nn.Module):
         self.d_k = embed_dim // num_heads  # d_k = d_v = d_model / h
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)  # on the weights
         self.encoder_decoder_attention = encoder_decoder_attention
-        self.cache_name = ""  # its tensors' prefix in a BeamCache, set by the decoder
+        self.layer = layer  # its decoder layer's index: where its keys and values are in a BeamCache
         if encoder_decoder_attention:
             self.q_proj = nn.Linear(embed_dim, embed_dim)  # W^Q
             self.kv_proj = nn.Linear(kdim or embed_dim, 2 * embed_dim)  # [W^K; W^V]
@@ -81,7 +82,7 @@ class MultiheadAttention(nn.Module):
             query: [N, T, d_model].
             key: [N, S, kdim] encoder output (encoder–decoder attention without a cache).
             attn_mask: bool [R, 1, 1, S], True where a key may be attended (G = 1 without
-                a cache); self-attention with a cache reads the cache's ``self_attn_mask``.
+                a cache); self-attention with a cache reads the mask its entries come with.
             causal: mask future positions (decoder self-attention over a full sequence).
             cache: decoding step by step (T = 1): keys and values come from, and self-attention's
                 go to, the cache; its G consecutive query rows share keys.
@@ -95,12 +96,11 @@ class MultiheadAttention(nn.Module):
             if cache is None:
                 k, v = self.encoder_kv(key)
             else:  # [R, h, S, d_k] each
-                k, v = (cache.get(name) for name in self.cache_names())
+                k, v = (cache.per_beam[name] for name in self.encoder_kv_names())
         else:
             q, k, v = self._split(self.in_proj(query), 3).unbind(1)  # [N, h, T, d_k] each
-            if cache is not None:  # all entries so far: [R, h, (t+1)·G, d_k] each
-                k, v = (cache.append(name, new.squeeze(2)) for name, new in zip(self.cache_names(), (k, v)))
-                attn_mask = cache.self_attn_mask
+            if cache is not None:  # all entries so far: [R, h, (t+1)·G, d_k] each, and the step's mask
+                k, v, attn_mask = cache.self_attention(self.layer).update(k.squeeze(2), v.squeeze(2))
         if cache is not None:  # a beam's rows become one query block: [R, h, G·T, d_k]
             q = cache.group_queries(q)
         # the fused kernel takes dropout as a probability; FairseqDropout says when it applies
@@ -124,19 +124,18 @@ class MultiheadAttention(nn.Module):
         """K W^K and V W^V of the encoder output [B, S, kdim]: [B, h, S, d_k] each."""
         return self._split(self.kv_proj(key), 2).unbind(1)
 
-    def cache_names(self) -> Tuple[str, str]:
-        """Its keys' and values' names in a BeamCache."""
-        return self.cache_name + ".k", self.cache_name + ".v"
+    def encoder_kv_names(self) -> Tuple[str, str]:
+        """Encoder–decoder attention's keys' and values' names in a BeamCache's ``per_beam``."""
+        return f"layers.{self.layer}.encoder_attn.k", f"layers.{self.layer}.encoder_attn.v"
 
     def start_cache(self, cache: BeamCache, encoder: Tensor) -> None:
         """Before the first step: encoder–decoder attention's keys and values of the encoder
         output [R, S, kdim] (once per beam), or room for self-attention's."""
         if self.encoder_decoder_attention:
-            for name, tensor in zip(self.cache_names(), self.encoder_kv(encoder)):
-                cache.put("sentences", name, tensor)
+            for name, tensor in zip(self.encoder_kv_names(), self.encoder_kv(encoder)):
+                cache.per_beam[name] = tensor
         else:
-            for name in self.cache_names():
-                cache.reserve(name, self.num_heads, self.d_k, encoder)
+            cache.self_attention(self.layer).reserve(self.num_heads, self.d_k, encoder)
 
     def _attention_with_weights(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
                                 causal: bool, dropout_p: float) -> Tuple[Tensor, Tensor]:

@@ -85,12 +85,14 @@ class TransformerDecoderLayer(_Layer):
 
     def __init__(self, d_model: int, d_ff: int, heads: int, dropout: float = 0.1,
                  attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-                 normalize_before: bool = False, encoder_dim: Optional[int] = None, ffn_init: str = "linear"):
+                 normalize_before: bool = False, encoder_dim: Optional[int] = None, ffn_init: str = "linear",
+                 layer: int = 0):
         super().__init__(d_model, d_ff, dropout, activation_dropout, normalize_before, ffn_init)
-        self.self_attn = MultiheadAttention(d_model, heads, attention_dropout)
+        # layer: its index in the decoder, where its attentions keep their tensors in a BeamCache
+        self.self_attn = MultiheadAttention(d_model, heads, attention_dropout, layer=layer)
         self.self_attn_layer_norm = nn.LayerNorm(d_model)
         self.encoder_attn = MultiheadAttention(d_model, heads, attention_dropout,
-                                               encoder_decoder_attention=True, kdim=encoder_dim)
+                                               encoder_decoder_attention=True, kdim=encoder_dim, layer=layer)
         self.encoder_attn_layer_norm = nn.LayerNorm(d_model)
 
     def forward(self, x: Tensor, encoder_out: Optional[Tensor], encoder_attn_mask: Optional[Tensor],
