@@ -433,6 +433,20 @@ def initial_state(model, encoder_out):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_teacher_forcing_makes_no_decoding_cache(arch, monkeypatch):
+    """A full forward (training, scoring) reads the encoder output as it is; only step-by-step
+    decoding makes a BeamCache, once, at its first step."""
+    made, make = [], BeamCache.for_encoder_out.__func__
+    monkeypatch.setattr(BeamCache, "for_encoder_out", classmethod(lambda cls, out: made.append(1) or make(cls, out)))
+    model = build(arch)
+    src, prev = sentences([6, 3]), targets(2, 4)
+    log_probs(model, src, prev)
+    assert made == []
+    model.decoder(prev[:, :1], model.encoder(src), incremental_state={})
+    assert made == [1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_padding_does_not_change_a_sentence(arch):
     # float64: a different batch size changes float32 matmul blocking (1e-4 on log-probs near 5),
     # while a padding leak would not shrink with the precision
