@@ -11,8 +11,9 @@ folder runs wherever numpy and onnxruntime do.
 
 The beam search is fairseq's ``SequenceGenerator`` with ``BeamSearch``, rule for rule: the first
 step expands only the first beam; ``2 * beam`` candidates per sentence; a hypothesis ending in
-``</s>`` among the first ``beam`` candidates is finished, scored by its summed log-probability /
-(length counting ``</s>``) ** lenpen; a sentence is done once ``beam`` hypotheses finished;
+``</s>`` among the first ``beam`` candidates is finished, scored by its summed log-probability
+(natural log, as fairseq's generator; fairseq-generate prints it in base 2) / (length counting
+``</s>``) ** lenpen; a sentence is done once ``beam`` hypotheses finished;
 ``<pad>`` is never chosen, ``</s>`` not at the first step, and after ``max_len = min(max_len_b,
 max target positions - 1)`` tokens only ``</s>`` is. Finished sentences leave the batch. The
 attention of a hypothesis is the one each step saw, as ``--print-alignment soft`` prints it: one

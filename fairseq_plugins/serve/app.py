@@ -5,7 +5,9 @@
 order: per sentence ``{"text", "score", "tokens", "source_tokens"}`` (+ ``"alignment"`` when
 asked: one row per target token over the source tokens), or with ``n_best`` > 1
 ``{"hypotheses": [...]}`` of that shape. ``GET /health`` and ``GET /info`` describe the server,
-``GET /`` is a page to try the model. A bad request is answered 4xx with
+``GET /`` is a page to try the model. ``score`` is the natural log, as fairseq's generator and
+CTranslate2 give it (fairseq-generate prints it divided by ln 2, in base 2, as the page shows it).
+A bad request is answered 4xx with
 ``{"error": "<one line>"}``, and the server goes on serving.
 """
 import contextlib

@@ -1,7 +1,10 @@
 """What a new user types first, and every line it prints: fairseq's own tools with the suite loaded."""
+import math
 import os
 
+import httpx
 import pytest
+from fairseq_plugins_onnx import Translator
 from helpers import ONE_THREAD, USER_DIR, run, train
 
 TOOLS = ["fairseq-train", "fairseq-generate", "fairseq-interactive"]
@@ -49,16 +52,61 @@ def test_a_plain_run_prints_no_debug_or_tensorboardx_line(tool, tmp_path):
     assert len(lines(proc)) == 1, proc.stdout
 
 
-def test_the_onnx_export_prints_no_warning_and_others_can_read_its_folder(data_bin, tmp_path):
-    save_dir, out = tmp_path / "checkpoints", tmp_path / "onnx"
+@pytest.fixture(scope="module")
+def exported(data_bin, tmp_path_factory):
+    """(checkpoint, ONNX folder, what fairseq-plugins-export-onnx printed) of a tiny RNNsearch."""
+    root = tmp_path_factory.mktemp("first-run")
+    save_dir, out = root / "checkpoints", root / "onnx"
     train(data_bin, save_dir, ["--arch", "rnnsearch_tiny"], 2)
     printed = run(["fairseq-plugins-export-onnx", save_dir / "checkpoint_last.pt", out], env=ONE_THREAD)
+    return save_dir / "checkpoint_last.pt", out, printed
+
+
+def test_the_onnx_export_prints_no_warning_and_others_can_read_its_folder(exported):
+    _, out, printed = exported
     assert not [line for line in printed.splitlines() if "torchvision" in line or "Warning" in line], printed
     umask = os.umask(0)
     os.umask(umask)
     assert os.stat(out).st_mode & 0o777 == 0o777 & ~umask  # as mkdir makes a folder: 0755 under umask 022
     assert {name: os.stat(out / name).st_mode & 0o777 for name in ("config.json", "encoder.onnx")} == \
         dict.fromkeys(("config.json", "encoder.onnx"), 0o666 & ~umask)
+
+
+BASE_2 = "(log2-probability per token, base 2 as fairseq-generate prints it)"
+
+
+def shown_score(page, text):
+    """The score line the page shows under the translation of ``text``."""
+    page.fill("#source", text)
+    page.click("#go")
+    page.wait_for_function("document.getElementById('meta').textContent !== ''", timeout=120_000)
+    assert page.inner_text("#error") == ""
+    return page.inner_text("#meta")
+
+
+def test_both_pages_show_the_score_in_base_2_as_fairseq_generate(exported, corpus_dir, tmp_path):
+    """The runtime and the API give the natural log (as fairseq's generator and CTranslate2); the pages
+    show the number fairseq-generate prints, and say so."""
+    from test_export_onnx import static_server
+    from test_serve_browser import chromium
+    from fairseq_plugins_lab.benchmarks.serve import ServerProcess
+
+    checkpoint, folder, _ = exported
+    source = open(f"{corpus_dir}/test.src").read().splitlines()[4]
+    best = Translator(str(folder)).translate([source.split()], beam=4)[0][0]
+    with chromium() as browser:
+        with static_server(str(folder)) as url:
+            page = browser.new_page()
+            page.goto(url + "/index.html")
+            page.wait_for_selector("#go:enabled", timeout=120_000)
+            score, label = shown_score(page, source).removeprefix("score ").split(" ", 1)
+            assert label == BASE_2 and float(score) == pytest.approx(best.score / math.log(2), abs=2e-4)
+        with ServerProcess(str(checkpoint), ["--max-delay-ms", "1"], log=str(tmp_path / "serve.log"),
+                           env=ONE_THREAD) as server:
+            answer = httpx.post(server.url + "/translate", json={"text": source, "alignment": True}, timeout=60)
+            page = browser.new_page()
+            page.goto(server.url + "/")
+            assert shown_score(page, source) == f"score {answer.json()['translations'][0]['score'] / math.log(2):.4f} {BASE_2}"
 
 
 def test_average_names_a_folder_that_does_not_exist(tmp_path):

@@ -78,7 +78,8 @@ def generation_config(model, beam: int = 5, max_len_a: float = 0.0, max_len_b: i
 
     fairseq's stopping rule (a sentence is done once ``beam`` hypotheses ended with ``</s>``, each
     scored by its log-probability / (length with ``</s>``)^lenpen) is HF's ``early_stopping=True``
-    with the same ``length_penalty``. fairseq forbids ``<pad>`` always and ``</s>`` at the first
+    with the same ``length_penalty``; both score in natural log (HF's ``sequences_scores``),
+    fairseq-generate prints base 2. fairseq forbids ``<pad>`` always and ``</s>`` at the first
     step (``--min-len 1``) and forces ``</s>`` after ``max_len = min(b, max target positions - 1)``
     tokens: ``suppress_tokens``, ``min_new_tokens=1``, ``forced_eos_token_id`` with
     ``max_new_tokens = max_len + 1`` (the ``</s>``).
