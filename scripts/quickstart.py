@@ -8,6 +8,8 @@ what is missing. Run it through ``bash scripts/quickstart.sh``.
 """
 import argparse
 import os
+import re
+import threading
 
 from fairseq_plugins.analysis import generate_output
 from fairseq_plugins.analysis.bleu_by_length import bucket_labels, scores_by_bucket
@@ -46,6 +48,39 @@ def bleu_by_length(generate_txt, edges):
     return [bleu for _, bleu, _ in scores_by_bucket(system, edges, "13a")]
 
 
+def updates_logged(train_log):
+    """The last num_updates fairseq-train logged to ``train_log`` (0 before its first line)."""
+    try:
+        with open(train_log) as f:
+            found = re.findall(r"num_updates[= ](\d+)", f.read())
+    except FileNotFoundError:
+        return 0
+    return int(found[-1]) if found else 0
+
+
+def with_progress(work, budgets, seconds, train):
+    """``train()``, with one line every ``seconds`` (when it changed) of each model's updates so far,
+    read from its train.log: fairseq's own lines count each epoch, not the whole budget."""
+    stop = threading.Event()
+
+    def report():
+        last = None
+        while not stop.wait(seconds):
+            line = "training, updates done: " + ", ".join(
+                f"{arch} {updates_logged(os.path.join(work, arch, 'train.log')):,}/{total:,}"
+                for arch, total in budgets.items())
+            if line != last:
+                experiment.say(line)
+                last = line
+    thread = threading.Thread(target=report, daemon=True)
+    thread.start()
+    try:
+        return train()
+    finally:
+        stop.set()
+        thread.join()
+
+
 def not_learned(results, max_update):
     """One line per model below its floor, of the runs that trained their whole default budget."""
     return [f"{r['model']}: BLEU {r['bleu']} after {r['updates']:,} updates, below the {FLOORS[r['model']]:g} every "
@@ -67,6 +102,8 @@ def main(argv=None):
     p.add_argument("--minutes", type=float, default=30.0,
                    help="training time limit per model, a safety net: the table should not depend on the CPU's speed")
     p.add_argument("--jobs", type=int, default=2, help="trainings at a time, one thread each")
+    p.add_argument("--progress-seconds", type=float, default=30.0,
+                   help="how often the line of every model's updates so far is printed")
     args = p.parse_args(argv)
     for flag, value in (("--jobs", args.jobs), ("--max-update", args.max_update)):
         if value is not None and value < 1:
@@ -78,13 +115,15 @@ def main(argv=None):
                                  min_len=MIN_LEN, max_len=args.max_len, seed=1)
     data = experiment.preprocess(raw, os.path.join(args.work, "data-bin"))
 
-    def task(arch):
-        flags, updates = FAMILIES[arch]
-        return lambda: experiment.train_and_evaluate(args.work, arch, data, ["--arch", arch, *flags],
-                                                     updates if args.max_update is None else args.max_update, args.minutes,
-                                                     validate_last_only=True)
+    budgets = {arch: FAMILIES[arch][1] if args.max_update is None else args.max_update for arch in args.models}
 
-    by_model = dict(zip(args.models, experiment.run_parallel([task(arch) for arch in args.models], args.jobs)))
+    def task(arch):
+        return lambda: experiment.train_and_evaluate(args.work, arch, data, ["--arch", arch, *FAMILIES[arch][0]],
+                                                     budgets[arch], args.minutes, validate_last_only=True, echo=False)
+
+    trained = with_progress(args.work, budgets, args.progress_seconds,
+                            lambda: experiment.run_parallel([task(arch) for arch in args.models], args.jobs))
+    by_model = dict(zip(args.models, trained))
     results = [by_model[arch] for arch in FAMILIES if arch in by_model]  # the table in the families' order
     table = ["| model | parameters | updates | training (min) | BLEU | chrF |", "|---|---:|---:|---:|---:|---:|"]
     table += [f"| {r['model']} | {r['parameters']:,} | {r['updates']:,} | {r['train_minutes']} | {r['bleu']} | "

@@ -3,6 +3,7 @@ table and BLEU by source length, skips done steps, says when a model stopped on 
 and averages only the end of the training done."""
 import importlib.util
 import os
+import re
 import sys
 
 import pytest
@@ -30,8 +31,12 @@ def test_quickstart_runs_resumes_and_reports_a_time_limit(tmp_path):
     cmd = [sys.executable, f"{REPO}/scripts/quickstart.py", "--work", tmp_path, "--train", "300", "--test", "20",
            "--max-len", "10"]
     models = ["rnnencdec_tiny", "seq2seq_lstm_tiny"]
-    out = run([*cmd, "--models", *models, "--max-update", "3", "--jobs", "2"])
-    assert "fairseq-train" in out and "train_inner" in out  # progress is shown
+    out = run([*cmd, "--models", *models, "--max-update", "3", "--jobs", "2", "--progress-seconds", "0.2"])
+    # progress is one line of every model's updates of its budget; fairseq's own lines stay in the logs
+    assert "fairseq-train" in out and "train_inner" not in out
+    progress = [line.split("] ", 1)[1] for line in out.splitlines() if "training, updates done" in line]
+    assert progress and all(re.fullmatch(r"training, updates done: rnnencdec_tiny [0-3]/3, seq2seq_lstm_tiny [0-3]/3",
+                                         line) for line in progress), progress
     for model in models:
         row, (_, params, updates, minutes, bleu, chrf) = table_row(out, model)
         assert int(params.replace(",", "")) > 1000 and updates == "3"
