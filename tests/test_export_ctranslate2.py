@@ -237,7 +237,7 @@ def test_benchmark_refuses_a_checkpoint_before_measuring_any(engines, refused, f
     """A checkpoint an engine cannot take, or a missing one, named last: one line, and no model of
     the first checkpoint exported or decoded (it took minutes before the refusal)."""
     from fairseq_plugins_lab.benchmarks import engines as benchmark_engines
-    from fairseq_plugins_lab.cli import benchmark_ctranslate2
+    from fairseq_plugins_lab.cli import benchmark_engines as benchmark_ctranslate2
 
     def measured(*args):
         raise AssertionError("measured before every checkpoint was checked")

@@ -54,7 +54,7 @@ class Export:
     extra: str
 
 
-# models --onnx --ctranslate2 in this order; CTranslate2 takes vaswani_transformer only, ONNX Runtime every family
+# --engine's choices, models' --onnx and --ctranslate2: CTranslate2 takes vaswani_transformer, ONNX any family
 EXPORTS = {
     "onnx": Export("ONNX Runtime", "fairseq_plugins_lab.benchmarks.onnx", ("onnxruntime", "onnxscript"), "onnx"),
     "ctranslate2": Export("CTranslate2", "fairseq_plugins_lab.benchmarks.ctranslate2", ("ctranslate2",), "deploy"),

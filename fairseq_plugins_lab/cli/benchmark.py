@@ -9,6 +9,7 @@
 console scripts ``fairseq-plugins-benchmark-ctranslate2``, ``-scale`` and ``-serve`` run
 ``engines``, ``scale`` and ``serve`` under their old names.
 """
+import argparse
 import importlib
 import sys
 
@@ -36,10 +37,12 @@ def get_parser() -> ArgumentParser:
     """The command's own --help and the sub-command's name; :func:`main` hands the rest of the
     command line to that sub-command's parser (its module's ``get_parser``)."""
     parser = ArgumentParser(
-        prog=PROG, description="The project's benchmarks of the suite against fairseq's built-ins and its exports.",
-        epilog=f"With no sub-command the flags are those of models ({PROG} --preset tiny is {PROG} models "
-               f"--preset tiny). {PROG} COMMAND --help: the flags of COMMAND. fairseq-plugins-benchmark-ctranslate2, "
-               "-scale and -serve run engines, scale and serve.")
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's lines as written
+        description="The project's benchmarks of the suite against fairseq's built-ins and its exports.",
+        epilog=f"with no sub-command, the flags are those of models:\n"
+               f"  {PROG} --preset tiny  is  {PROG} models --preset tiny\n"
+               f"the flags of a sub-command: {PROG} COMMAND --help\n"
+               f"also installed under their old names:\n  {PROG}-ctranslate2 (engines), {PROG}-scale, {PROG}-serve")
     commands = parser.add_subparsers(title="sub-commands", metavar="COMMAND")
     for name, (_, summary) in COMMANDS.items():
         commands.add_parser(name, help=summary)
