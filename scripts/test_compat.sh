@@ -77,7 +77,7 @@ for f in tests/unit/patches/test_compat.py tests/unit/test_registry.py tests/int
          tests/unit/criterions/test_label_smoothed_xent.py \
          tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py tests/integration/test_end_to_end.py \
          tests/test_rnn_models.py tests/test_rnn_cli.py tests/test_transformer*.py \
-         tests/unit/models/test_transformer_defaults.py tests/test_numerical_faults.py; do
+         tests/unit/models/test_transformer_defaults.py tests/unit/patches/test_numerical.py; do
     [ -f "$f" ] && tests+=("$f")
 done
 echo "== pytest on $COMPAT_FAIRSEQ: ${tests[*]}"

@@ -9,6 +9,7 @@ from fairseq import checkpoint_utils
 
 import fairseq_plugins
 from fairseq_plugins.data.synthetic_corpus import preprocess_args, write_corpus
+from fairseq_plugins.network import free_port
 from fairseq_plugins_lab.experiment import run_parallel
 
 USER_DIR = os.path.dirname(os.path.abspath(fairseq_plugins.__file__))
@@ -32,6 +33,22 @@ needs_native_bf16 = pytest.mark.skipif(
     not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
     reason="this CPU has no native bf16 (torch.ops.mkldnn._is_mkldnn_bf16_supported() is False): "
            "--autocast-bf16 refuses it")
+
+
+def slurm_env(rank, tasks):
+    """What srun sets for task ``rank`` of a one-node job of ``tasks`` tasks (the suite's launch patch reads it)."""
+    return {"SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": str(tasks), "SLURM_NNODES": "1",
+            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"}
+
+
+def slurm_tasks(cmd, tasks, env=None, port=None, timeout=600):
+    """[(exit status, output)] of ``tasks`` processes of ``cmd`` as srun starts them (the same command,
+    SLURM_PROCID 0, 1, ...; gloo on localhost at ``port``, a free one if None); one plain process for 1."""
+    if tasks > 1:
+        cmd = [*cmd, "--distributed-port", port or free_port()]
+    procs = [subprocess.Popen([str(c) for c in cmd], env=cli_env({**(env or {}), **(slurm_env(r, tasks) if tasks > 1 else {})}),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(tasks)]
+    return [(p.wait(timeout=timeout), p.communicate()[0]) for p in procs]
 
 
 def in_parallel(calls):

@@ -1,6 +1,6 @@
 """Data-parallel training through fairseq's own trainer: 2 CPU workers (gloo, loopback, started
 by ``fairseq-train --distributed-world-size 2 --cpu``) against 1 process with ``--update-freq 2``.
-The other launchers (torchrun, SLURM), preemption and lost workers: tests/test_cluster.py.
+The other launchers (torchrun, SLURM), preemption and lost workers: tests/integration/test_cluster.py.
 
 Why the parameters must be *exactly* equal (tolerance 0): with ``--dropout 0`` and one seed,
 both runs see the same batches (rank r of 2 reads batches r, r+2, ... of each epoch's

@@ -19,13 +19,13 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
+from helpers import ONE_THREAD, REPO, USER_DIR, cli_env, num_updates
 from test_finished_run import assert_nothing_to_do, files, slurm_tasks
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.network import free_port
 
-PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
+PROBE = os.path.join(REPO, "tests", "train_probe.py")
 STOPPED = "early stop since valid performance hasn't improved for last 2 runs"
 
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, in_parallel, num_updates
+from helpers import ONE_THREAD, TINY_BUILTIN_TRANSFORMER, USER_DIR, cli_env, in_parallel, num_updates, slurm_env
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.network import free_port
@@ -89,10 +89,7 @@ def fairseq_train(args, env=None):
 def slurm_tasks(args, port, script=None):
     """Two SLURM tasks as srun starts them (gloo on localhost): the same command, SLURM_PROCID 0 and 1."""
     cmd = [sys.executable, "-c", script] if script else ["fairseq-train"]
-    return finish([start([*cmd, *args, "--distributed-port", str(port)],
-                         {"SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
-                          "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"})
-                   for rank in (0, 1)])
+    return finish([start([*cmd, *args, "--distributed-port", str(port)], slurm_env(rank, 2)) for rank in (0, 1)])
 
 
 def files(save_dir):

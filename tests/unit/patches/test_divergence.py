@@ -10,25 +10,23 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 from fairseq.trainer import Trainer
-from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
+from helpers import ONE_THREAD, REPO, USER_DIR, num_updates, slurm_tasks
 from omegaconf import open_dict
 
-from test_numerical_faults import cpu_cuda_call, fp16_trainer, same, snapshot, training_setup  # noqa: F401  (a fixture)
+from test_numerical import cpu_cuda_call, fp16_trainer, same, snapshot, training_setup  # noqa: F401  (a fixture)
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError, NumericalError
-from fairseq_plugins.network import free_port
 from fairseq_plugins.patches import numerical as divergence
 from fairseq_plugins.patches.numerical import _Guard
 
-PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
+PROBE = os.path.join(REPO, "tests", "train_probe.py")
 POISON = "5"  # a sentence id
 WARMUP, WINDOW = 10, 100  # the loss rule's documented constants (docs/RELIABILITY.md)
 TOTAL = 6
@@ -43,19 +41,10 @@ def flags(data, save_dir, updates=TOTAL, lr=0.002):
 
 def train(args, workers=1, env=None):
     """[(exit status, output)] of ``workers`` SLURM tasks (or one plain process) of the probe."""
-    cmd = [sys.executable, PROBE, *map(str, args)]
-    if workers > 1:
-        cmd += ["--distributed-port", str(free_port())]
-    procs = []
-    for rank in range(workers):
-        slurm = {"SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": str(workers), "SLURM_NNODES": "1",
-                 "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"} if workers > 1 else {}
-        # PYTHONFAULTHANDLER: a worker that aborts (SIGABRT, seen once under load at a two-worker run's
-        # exit) prints every thread's Python stack, so its output says where
-        procs.append(subprocess.Popen(cmd, env=cli_env({**ONE_THREAD, "PYTHONUNBUFFERED": "1",
-                                                        "PYTHONFAULTHANDLER": "1", **(env or {}), **slurm}),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return [(p.wait(timeout=600), p.communicate()[0]) for p in procs]
+    # PYTHONFAULTHANDLER: a worker that aborts (SIGABRT, seen once under load at a two-worker run's
+    # exit) prints every thread's Python stack, so its output says where
+    return slurm_tasks([sys.executable, PROBE, *args], workers,
+                       {**ONE_THREAD, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})})
 
 
 ROLLED_BACK = re.compile(r"update (\d+): the gradient norm is not finite; rolled back: the update is not applied "
@@ -69,7 +58,7 @@ ROLLED_BACK = re.compile(r"update (\d+): the gradient norm is not finite; rolled
 @pytest.mark.parametrize("optimizer", ["FP16Optimizer", "MemoryEfficientFP16Optimizer"])
 def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_with_the_usual_report(
         data_bin, tmp_path, caplog, cpu_cuda_call, optimizer):
-    """tests/test_numerical_faults.py's persistent overflow (weights x 1e4: scale 4 -> 2 -> 1, then the
+    """tests/unit/patches/test_numerical.py's persistent overflow (weights x 1e4: scale 4 -> 2 -> 1, then the
     floor): with rollback and --max-rollbacks 2, the floor twice rolls back (nothing applied, lr
     halved each time, and still when the scheduler sets it again), the third time ends with the report of a
     run without rollback."""
@@ -300,7 +289,7 @@ def test_option_values_are_checked_at_the_first_update(data_bin, tmp_path, flags
 @pytest.mark.slow
 def test_two_workers_roll_back_a_poisoned_update_and_end_as_a_run_without_it(data_bin, tmp_path):
     """2 workers x --update-freq 1 with --on-divergence rollback; the reference is 1 process x
-    --update-freq 2 (the same global batches, bit-equal: tests/test_cluster.py) that never trains
+    --update-freq 2 (the same global batches, bit-equal: tests/integration/test_cluster.py) that never trains
     the update holding the poisoned sentence, with lr 0.001 from that update on: bit-equal weights
     (0.002 x 0.5 is exactly 0.001 in binary floating point). Then the rolled-back run killed after
     the rollback and resumed (the lr scale from its checkpoint) ends bit-equal to the run not killed."""

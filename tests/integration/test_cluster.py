@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, num_updates, run
+from helpers import BIN, ONE_THREAD, USER_DIR, cli_env, num_updates, run, slurm_env
 
 from fairseq_plugins.checkpoints import load_state
 from fairseq_plugins.errors import ConfigError
@@ -44,11 +44,6 @@ def torchrun(port):
             os.path.join(BIN, "fairseq-train")]
 
 
-def slurm_env(rank, tasks=2):
-    return {**ONE_THREAD, "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": str(tasks), "SLURM_NNODES": "1",
-            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"}
-
-
 def start(cmd, env, log):
     with open(log, "w") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen([str(c) for c in cmd], env=cli_env(env), stdout=out, stderr=subprocess.STDOUT,
@@ -58,7 +53,7 @@ def start(cmd, env, log):
 def start_slurm(data, save_dir, port, tmp_path, *extra, updates=TOTAL):
     """Two SLURM tasks as srun starts them: the same command, SLURM_PROCID 0 and 1."""
     return [start(["fairseq-train", *flags(data, save_dir, "--distributed-port", port, *extra, updates=updates)],
-                  slurm_env(rank), tmp_path / f"rank{rank}.log") for rank in (0, 1)]
+                  {**ONE_THREAD, **slurm_env(rank, 2)}, tmp_path / f"rank{rank}.log") for rank in (0, 1)]
 
 
 def wait_all(procs, timeout=300):
@@ -116,7 +111,7 @@ def last_line(text):
 def test_impossible_launches_stop_at_once_with_one_line(data_bin, tmp_path, case):
     save = str(tmp_path / "save")
     if case == "slurm without a port":
-        cmd, env = ["fairseq-train", *flags(data_bin, save)], slurm_env(0)
+        cmd, env = ["fairseq-train", *flags(data_bin, save)], {**ONE_THREAD, **slurm_env(0, 2)}
         expected = "error: SLURM job of 2 tasks: pass --distributed-port PORT (a free port on localhost, "
     elif case == "torchrun with another world size":
         cmd, env = [*torchrun(free_port()), *flags(data_bin, save, "--distributed-world-size", 3)], ONE_THREAD
@@ -226,7 +221,7 @@ def test_signal_to_one_of_two_slurm_tasks_stops_both_at_one_update(data_bin, ref
         launches.append(tmp_path / f"rank1.run{len(launches)}.log")
         return [start([sys.executable, "-c", DELAYED_AT_THE_STOP,
                        *flags(data_bin, save, "--distributed-port", port)],
-                      {**slurm_env(rank), "TEARDOWN_LOG": str(teardown)},
+                      {**ONE_THREAD, **slurm_env(rank, 2), "TEARDOWN_LOG": str(teardown)},
                       tmp_path / "rank0.log" if rank == 0 else launches[-1]) for rank in (0, 1)]
 
     codes = preempt_and_restart(launch, lambda procs: procs[1].pid, [signal.SIGUSR1], tmp_path / "rank0.log",

@@ -20,13 +20,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from fairseq.data import FairseqDataset, data_utils, iterators
-from helpers import ONE_THREAD, USER_DIR, cli_env, num_updates
+from helpers import ONE_THREAD, REPO, USER_DIR, cli_env, num_updates, slurm_tasks
 
 from fairseq_plugins.checkpoints import load_state
-from fairseq_plugins.network import free_port
 from fairseq_plugins.patches import resume as elastic_resume
 
-PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_probe.py")
+PROBE = os.path.join(REPO, "tests", "train_probe.py")
 BATCHES = 7  # per epoch
 TOTAL = 8  # updates of 2 global batches (the 4th of an epoch has 1): 2 epochs
 KILLED_AT = 6  # epoch 2, after 4 of its 7 global batches
@@ -45,16 +44,7 @@ def train(data, save_dir, workers, update_freq, ids, kill_after=None, updates=TO
     env = {**ONE_THREAD, "PROBE_IDS": str(ids), "PYTHONUNBUFFERED": "1"}
     if kill_after:
         env["PROBE_KILL_AFTER"] = str(kill_after)
-    cmd = [sys.executable, PROBE, *flags(data, save_dir, updates), "--update-freq", str(update_freq)]
-    if workers > 1:
-        cmd += ["--distributed-port", str(free_port())]
-    procs = []
-    for rank in range(workers):
-        slurm = {"SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": str(workers), "SLURM_NNODES": "1",
-                 "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_JOB_ID": "7"} if workers > 1 else {}
-        procs.append(subprocess.Popen(cmd, env=cli_env({**env, **slurm}), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    return [(p.wait(timeout=600), p.communicate()[0]) for p in procs]
+    return slurm_tasks([sys.executable, PROBE, *flags(data, save_dir, updates), "--update-freq", update_freq], workers, env)
 
 
 def batches(ids, until=None):
@@ -340,7 +330,7 @@ def test_a_kill_mid_epoch_resumed_on_other_workers_follows_the_uninterrupted_run
     batches, update by update, as the uninterrupted one, sees every sentence once per epoch, and
     ends with the same weights. Bit-equal: a global batch's gradient is the sum of its two batches'
     gradients either way (gloo's all-reduce of 2 workers or fairseq's accumulation in one process,
-    a + b), as tests/test_cluster.py shows for uninterrupted runs."""
+    a + b), as tests/integration/test_cluster.py shows for uninterrupted runs."""
     save, killed_ids, resumed_ids = str(tmp_path / "save"), tmp_path / "killed", tmp_path / "resumed"
     assert_killed(train(data_bin, save, *before, killed_ids, kill_after=KILLED_AT))
     assert num_updates(load_state(os.path.join(save, "checkpoint_last.pt"))) == KILLED_AT

@@ -1,9 +1,10 @@
-"""Numerical faults in process: the NanDetector fix, and fairseq's fp16 loss scaling on CPU.
+"""patches/numerical.py in process: numerical_faults out and in, the NanDetector fix, and fairseq's fp16 loss
+scaling on CPU (``--on-divergence``: tests/integration/test_divergence.py).
 
 The command-line drills (NaN gradients, the sentence that caused them, an optimizer step that
 overflows) are in ``test_reliability.py``. Here:
 
-* :class:`fairseq_plugins.patches.numerical_faults.NanDetector` on a model whose submodule returns a
+* :class:`fairseq_plugins.patches.numerical.NanDetector` on a model whose submodule returns a
   dict of lists, where fairseq's own detector dies;
 * dynamic loss scaling, run by fairseq's own ``Trainer.train_step`` with the ``FP16Optimizer``
   or ``MemoryEfficientFP16Optimizer`` and ``DynamicLossScaler`` the trainer builds from the
@@ -28,12 +29,37 @@ from fairseq import nan_detector, options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 from fairseq.trainer import Trainer
+from helpers import first_non_finite_module
+from omegaconf import open_dict
+from patching import out, tiny
 
 import fairseq_plugins  # noqa: F401  (registers the suite, installs the patches)
-from fairseq_plugins.patches import numerical as numerical_faults
 from fairseq_plugins.criterions.label_smoothed_xent import LabelSmoothedXentCriterion
 from fairseq_plugins.errors import NumericalError
-from helpers import first_non_finite_module
+from fairseq_plugins.patches import numerical as numerical_faults
+
+
+def test_numerical_faults(tiny, tmp_path):
+    cfg, task, model, _ = tiny
+    with open_dict(cfg):
+        cfg.checkpoint.save_dir = str(tmp_path)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.consolidate_optimizer()  # as checkpoint_utils.save_checkpoint does first
+    weight = next(model.parameters())
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight[0, 0] = float("inf")
+        with out("numerical_faults"):
+            trainer.save_checkpoint(str(tmp_path / "checkpoint_1.pt"), {})  # fairseq saves Inf parameters
+            assert os.path.exists(tmp_path / "checkpoint_1.pt")
+        with pytest.raises(NumericalError, match="checkpoint_2.pt was not written"):
+            trainer.save_checkpoint(str(tmp_path / "checkpoint_2.pt"), {})
+        assert not os.path.exists(tmp_path / "checkpoint_2.pt")
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+
 
 # ------------------------------------------------------------------ NanDetector on dict outputs
 
