@@ -39,7 +39,7 @@ tests/unit/criterions/test_bf16.py -m 'not slow'" ;;
         patches/preemption.py) echo "tests/test_patches.py tests/test_cluster.py -k 'preempt or sigterm or signal'" ;;
         modules/beam_cache.py) echo "tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         fairseq_plugins_onnx.py) echo "tests/test_export_onnx.py -k 'not page'" ;;  # the page runs its own JS
-        patches/atomic_checkpoints.py) echo "tests/test_reliability.py tests/test_patches.py -k 'atomic or full_disk or \
+        patches/atomic_checkpoints.py) echo "tests/unit/test_atomic_write.py tests/integration/test_reliability.py tests/test_patches.py -k 'atomic or full_disk or \
 symlinks or concurrent_writes or interrupted_save or kill_9_in_the_middle'" ;;
         modules/decoding_linear.py) echo "tests/unit/modules/test_decoding_linear.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         patches/compiled_decoding.py) echo "tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
