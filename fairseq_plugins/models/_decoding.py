@@ -8,7 +8,7 @@ parameters) and compiles what dominates its decoder's step (:meth:`SuiteModel.co
 ones (:func:`~fairseq_plugins.modules.decoding_linear.quantize_linear_layers_`), with one warning
 on a CPU without int8 dot products. It logs what it did in one line. fairseq's generator, its
 search and the decoding cache are unchanged. The options themselves are fairseq's generation
-options as ``patches/compiled_decoding.py`` extends them; that patch also warns for a model of
+options as ``patches/generation.py`` (its ``compiled_decoding``) extends them; that patch also warns for a model of
 another suite given them. What it gains: docs/DECODING.md.
 """
 import logging

@@ -20,7 +20,7 @@ from fairseq_plugins.patches._mechanism import logger
 
 DISABLE = "FAIRSEQ_PLUGINS_DISABLE_PATCHES"
 GROUPS = ["command_line", "checkpoint_io", "data", "models", "launch", "numerical", "resume", "preemption",
-          "generation", "compiled_decoding"]  # install order (a behaviour's requirements come before it)
+          "generation"]  # install order (a behaviour's requirements come before it)
 
 
 def _declared():

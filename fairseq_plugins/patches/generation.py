@@ -73,22 +73,37 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``generation
   ``fairseq-generate --score-reference`` computes for each pair: ``positional_scores``
   (natural log, one per target word and the final EOS) and ``score`` (their mean). An
   encoder-decoder model without ``targets`` is refused in one line; language models are unchanged.
+* ``compiled_decoding``: ``--compile-decoding`` and ``--quantize-decoding int8``: the two options in fairseq's generation
+  configuration, and the one warning for a model that is not the suite's given them.
+
+  What they do is the suite models' own ``prepare_for_inference_``
+  (:class:`~fairseq_plugins.models._decoding.SuiteModel`): linear layers prepacked for oneDNN or
+  quantized to int8, the decoder's hottest step compiled by ``torch.compile``. A model of another
+  suite has no such method of its own, so only fairseq's, which this patch wraps to say that it
+  decodes as without the flags. The first run pays the compilation (seconds); torch keeps the code
+  in its cache directory (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_$USER``), where
+  later runs find it. What it gains: docs/DECODING.md.
 
 Three of them change the generators' ``generate``, each replaced once (:data:`GENERATE`,
 :data:`GENERATE_WITH_ALIGNMENT`), their steps in the order listed there.
 """
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import math
-from typing import List
+from typing import List, Optional
 
 import fairseq.utils as fairseq_utils
 import fairseq_cli.generate as generate_cli
 import torch
 from fairseq.data import LanguagePairDataset
+from fairseq.dataclass.configs import GenerationConfig
+from fairseq.dataclass.constants import ChoiceEnum
+from fairseq.dataclass.initialize import hydra_init
 from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.models import FairseqEncoderDecoderModel
+from fairseq.models.fairseq_model import BaseFairseqModel
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.search import LengthConstrainedBeamSearch
 from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
@@ -96,9 +111,10 @@ from fairseq.tasks import FairseqTask
 from omegaconf import open_dict
 
 from fairseq_plugins.errors import ConfigError
-from fairseq_plugins.patches._mechanism import Patch, Target, Wrap
+from fairseq_plugins.patches._mechanism import Patch, Target, Wrap, config_options
 
-logger = logging.getLogger("fairseq_plugins.max_len_warning")
+logger = logging.getLogger(__name__)
+length_logger = logging.getLogger("fairseq_plugins.max_len_warning")
 
 # generate, not _generate: the Python entry of every generator class (the alignment one has its
 # own); _generate stays fairseq's, so torch.jit.script(SequenceGenerator(...)) compiles as without the suite.
@@ -219,7 +235,7 @@ def main(cfg, output_file):
     at_limit = sum(counts(g).at_limit for g in generators)
     sentences = sum(counts(g).sentences for g in generators)
     if at_limit * 2 > sentences:
-        logger.warning(warning(at_limit, sentences, cfg.generation.max_len_a, cfg.generation.max_len_b))
+        length_logger.warning(warning(at_limit, sentences, cfg.generation.max_len_a, cfg.generation.max_len_b))
     return result
 
 
@@ -414,6 +430,33 @@ def score(self, sentences, replace_newline_with_eos: bool = False, targets=None,
     return [by_id[i][0] for i in range(len(src))]
 
 
+# -- compiled_decoding ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Options:
+    compile_decoding: bool = dataclasses.field(default=False, metadata={
+        "help": "fairseq-plugins models: decode with the linear layers' weights prepacked for oneDNN (CPU, "
+                "float32) and the decoder's hottest step compiled by torch.compile (RNNsearch: its alignment "
+                "model); the first run compiles for seconds, later ones reuse torch's cache (TORCHINDUCTOR_CACHE_DIR)"})
+    quantize_decoding: Optional[ChoiceEnum(["int8"])] = dataclasses.field(default=None, metadata={
+        "help": "fairseq-plugins models on a CPU: decode with int8 linear layers (int8 weights per output "
+                "channel, each call's input rounded to 8 bits; PyTorch's dynamic quantization), faster where the "
+                "CPU has int8 dot products (AVX512-VNNI, AVX-VNNI, AMX); hypotheses can differ from float32's"})
+
+
+PREPARE = Target(BaseFairseqModel, "prepare_for_inference_", "self, cfg")
+
+
+def prepare_for_inference_(self, cfg):
+    PREPARE(self, cfg)
+    # imported here: models/ registers the suite's models when imported, after the patches are in
+    from fairseq_plugins.models._decoding import SuiteModel, decoding_flags
+    flags = decoding_flags(cfg)
+    if flags and not isinstance(self, SuiteModel):
+        logger.warning("%s: %s is not a fairseq-plugins model; it decodes as without the flag", flags,
+                       type(self).__name__)
+
+
 PATCHES = [
     Patch("match_source_len", reads=[CONSTRAINED_BEAM, *GENERATOR_READS],
           steps={GENERATE: match_source_length, GENERATE_WITH_ALIGNMENT: match_source_length}),
@@ -425,4 +468,6 @@ PATCHES = [
                           INFERENCE_STEP: inference_step, GENERATE_MAIN: generate_main}),
     Patch("alignment_attention", steps={GENERATE_WITH_ALIGNMENT: attention_for_alignment}),
     Patch("hub_score", {SCORE: score}),
+    Patch("compiled_decoding", {**config_options(GenerationConfig, _Options), PREPARE: prepare_for_inference_},
+          setup=hydra_init, teardown=hydra_init),
 ]
