@@ -4,7 +4,7 @@
 # Not part of CI: hours on 2 cores (docs/TESTING.md has the last result and every survivor's fate).
 #
 #   bash scripts/mutation.sh                      # all thirty-one modules below
-#   bash scripts/mutation.sh patches/finished_run.py lr_schedulers/inverse_sqrt_warmup.py
+#   bash scripts/mutation.sh patches/resume.py lr_schedulers/inverse_sqrt_warmup.py
 #   MUTATION_LINES="63-82 156-173" bash scripts/mutation.sh fairseq_plugins_onnx.py  # those lines only
 #
 # It mutates a throw-away git worktree of HEAD (with MUTATION_UNCOMMITTED=1, plus this checkout's
@@ -32,26 +32,23 @@ tests_for() {
         criterions/label_smoothed_xent.py) echo "tests/unit/criterions/test_label_smoothed_xent.py \
 tests/unit/criterions/test_bf16.py -m 'not slow'" ;;
         lr_schedulers/inverse_sqrt_warmup.py) echo "tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py" ;;
-        patches/finished_run.py) echo "tests/test_finished_run.py" ;;
-        patches/patience_state.py) echo "tests/test_patience_restart.py" ;;
-        patches/divergence.py) echo "tests/test_divergence.py" ;;
-        patches/elastic_resume.py) echo "tests/test_elastic_resume.py" ;;
-        patches/preemption.py) echo "tests/test_patches.py tests/test_cluster.py -k 'preempt or sigterm or signal'" ;;
+        patches/resume.py) echo "tests/unit/patches/test_resume.py tests/unit/patches/test_resume_batches.py \
+tests/integration/test_finished_run.py tests/integration/test_patience_restart.py tests/integration/test_elastic_resume.py" ;;
+        patches/numerical.py) echo "tests/unit/patches/test_numerical.py tests/unit/patches/test_divergence.py" ;;
+        patches/preemption.py) echo "tests/unit/patches/test_preemption.py tests/unit/patches/test_clean_exit.py \
+tests/integration/test_cluster.py -k 'preempt or sigterm or signal or clean or abort'" ;;
         modules/beam_cache.py) echo "tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         fairseq_plugins_onnx.py) echo "tests/test_export_onnx.py -k 'not page'" ;;  # the page runs its own JS
-        patches/atomic_checkpoints.py) echo "tests/unit/test_atomic_write.py tests/integration/test_reliability.py tests/test_patches.py -k 'atomic or full_disk or \
-symlinks or concurrent_writes or interrupted_save or kill_9_in_the_middle'" ;;
+        patches/checkpoint_io.py) echo "tests/unit/patches/test_checkpoint_io.py tests/unit/test_atomic_write.py \
+tests/unit/patches/test_compat.py tests/unit/patches/test_fairseq_regressions.py tests/test_checkpoints.py" ;;
         modules/decoding_linear.py) echo "tests/unit/modules/test_decoding_linear.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
-        patches/compiled_decoding.py) echo "tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
+        patches/generation.py) echo "tests/unit/patches/test_generation.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         modules/multihead_attention.py) echo "tests/test_transformer.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
         modules/transformer_layer.py|modules/positional_embedding.py) echo "tests/test_transformer.py \
 tests/unit/models/test_transformer_defaults.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
-        checkpoints.py) echo "tests/test_checkpoints.py \
+        checkpoints.py) echo "tests/test_checkpoints.py tests/unit/test_atomic_write.py tests/unit/patches/test_checkpoint_io.py \
 tests/test_quickstart.py::test_averaging_window_keeps_to_the_end_of_the_training_done" ;;
-        patches/checkpoint_loading.py) echo "tests/test_checkpoints.py tests/unit/patches/test_compat.py tests/test_fairseq_regressions.py \
-tests/test_patches.py::test_checkpoint_loading tests/test_patches.py::test_the_weights_only_window_keeps_other_loads_and_later_wrappers" ;;
         serve/batching.py) echo "tests/unit/serve/test_batching.py" ;;
-        patches/numerical_faults.py) echo "tests/test_numerical_faults.py" ;;
         modules/additive_attention.py) echo "tests/test_rnn_models.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
         modules/conditional_gru.py|modules/maxout.py) echo "tests/test_rnn_models.py" ;;
         modules/gru.py|modules/lstm.py) echo "tests/test_rnn_models.py tests/test_torch_export.py" ;;  # scan, jit.script
@@ -65,12 +62,12 @@ tests/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not rnn
         *) return 1 ;;
     esac
 }
-ALL=(criterions/label_smoothed_xent.py lr_schedulers/inverse_sqrt_warmup.py patches/finished_run.py
-     patches/patience_state.py modules/beam_cache.py patches/divergence.py patches/elastic_resume.py
-     patches/preemption.py fairseq_plugins_onnx.py patches/atomic_checkpoints.py modules/decoding_linear.py
-     patches/compiled_decoding.py modules/multihead_attention.py modules/transformer_layer.py
-     modules/positional_embedding.py checkpoints.py patches/checkpoint_loading.py serve/batching.py
-     patches/numerical_faults.py modules/additive_attention.py modules/gru.py modules/conditional_gru.py
+ALL=(criterions/label_smoothed_xent.py lr_schedulers/inverse_sqrt_warmup.py patches/resume.py
+     modules/beam_cache.py patches/numerical.py
+     patches/preemption.py fairseq_plugins_onnx.py patches/checkpoint_io.py modules/decoding_linear.py
+     patches/generation.py modules/multihead_attention.py modules/transformer_layer.py
+     modules/positional_embedding.py checkpoints.py serve/batching.py
+     modules/additive_attention.py modules/gru.py modules/conditional_gru.py
      modules/maxout.py modules/lstm.py modules/recurrence.py models/rnnsearch.py models/rnnencdec.py
      models/seq2seq_lstm.py models/transformer.py models/transformer_convert.py lr_schedulers/sutskever_halving.py)
 modules=("$@")
