@@ -46,8 +46,9 @@ def slurm_tasks(cmd, tasks, env=None, port=None, timeout=600):
     SLURM_PROCID 0, 1, ...; gloo on localhost at ``port``, a free one if None); one plain process for 1."""
     if tasks > 1:
         cmd = [*cmd, "--distributed-port", port or free_port()]
-    procs = [subprocess.Popen([str(c) for c in cmd], env=cli_env({**(env or {}), **(slurm_env(r, tasks) if tasks > 1 else {})}),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(tasks)]
+    procs = [subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=cli_env({**(env or {}), **(slurm_env(r, tasks) if tasks > 1 else {})}))
+             for r in range(tasks)]
     return [(p.wait(timeout=timeout), p.communicate()[0]) for p in procs]
 
 

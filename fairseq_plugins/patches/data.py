@@ -1,6 +1,7 @@
 """How fairseq groups sentences into batches.
 
-``batch_by_size``: fairseq's ``batch_by_size`` keeps every index, as 0.12.2 does. fairseq's main branch (hence fairseq-fixed, not 0.12.2) drops the last batch of
+``batch_by_size``: fairseq's ``batch_by_size`` keeps every index, as 0.12.2 does. fairseq's main branch
+(hence fairseq-fixed, not 0.12.2) drops the last batch of
 ``batch_by_size`` whenever its size is not a multiple of ``--required-batch-size-multiple``:
 ``fairseq-generate`` then silently translates 24 of 30 test sentences and scores BLEU on
 them, and validation skips sentences too. :func:`batch_by_size` puts that batch back.

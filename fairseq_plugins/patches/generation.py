@@ -13,6 +13,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``generation
   Any search works under it (beam, and sampling in a generator built from Python: fairseq's
   ``build_generator``, hence fairseq-generate, refuses ``--sampling`` with it); fairseq's
   length-constrained search is bypassed for the plain beam search it wraps.
+
 * ``max_len_warning``: fairseq-generate warns when most hypotheses stopped at the length limit, not at EOS.
 
   A model that has not learned to end sentences (too few updates, an initialisation that
@@ -22,6 +23,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``generation
   ``SequenceGenerator._generate``), on the generator that translated it
   (``generator.length_limit_counts``), and ``fairseq-generate`` ends with one warning line when
   that was the case for more than half of the sentences its generators translated.
+
 * ``no_repeat_ngram``: ``--no-repeat-ngram-size N`` on CPU.
 
   fairseq's ``NGramRepeatBlock`` gets the whole preallocated token buffer, [bsz·beam, max_len + 2],
@@ -34,6 +36,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``generation
   The replacement is compiled by ``torch.jit.script(SequenceGenerator(...))`` (it is reached from
   ``forward``), so it is fairseq's fallback written out with the fix, typed for TorchScript,
   rather than a call of the original through Python.
+
 * ``replace_unk``: ``--replace-unk [DICT]``: UNK replacement from attention (Luong et al., 2015; Jean et al., 2015).
 
   Each ``<unk>`` of a hypothesis becomes the source word it attends to most (hard alignment:
@@ -52,6 +55,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``generation
     and the hard alignment is extracted from it.
   * ``--print-alignment``: the alignment is a list of (source, target) word pairs, or of
     probability rows with ``soft`` (``TypeError``); both are read as such.
+
 * ``alignment_attention``: alignments from a generator that was asked for them after the model was prepared.
 
   ``fairseq-generate --print-alignment`` tells the decoders to return attention through
@@ -63,6 +67,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``generation
   ``need_attn`` on in every module that has it for the duration of an alignment generator's
   ``generate``, and restores it afterwards. A model without attention (``has_attention = False``:
   RNNencdec, the seq2seq LSTM) is refused in one line instead of fairseq's ``IndexError``.
+
 * ``hub_score``: hub ``score()`` for translation models.
 
   fairseq's ``GeneratorHubInterface.score(sentences)`` scores each sentence as a language model
@@ -73,6 +78,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``generation
   ``fairseq-generate --score-reference`` computes for each pair: ``positional_scores``
   (natural log, one per target word and the final EOS) and ``score`` (their mean). An
   encoder-decoder model without ``targets`` is refused in one line; language models are unchanged.
+
 * ``compiled_decoding``: ``--compile-decoding`` and ``--quantize-decoding int8``: the two options in fairseq's generation
   configuration, and the one warning for a model that is not the suite's given them.
 
@@ -127,7 +133,7 @@ GENERATE_WITH_ALIGNMENT = Wrap(Target(SequenceGeneratorWithAlignment, "generate"
 GENERATOR_READS = [Target(SequenceGenerator, name, instance=True)
                    for name in ("search", "match_source_len", "max_len_a", "max_len_b", "max_len")]
 
-# -- match_source_len ----------------------------------------------------------------------------------------------------
+# -- match_source_len --------------------------------------------------------------------------------------------------
 
 CONSTRAINED_BEAM = Target(LengthConstrainedBeamSearch, "beam", instance=True)  # the plain search it wraps
 
@@ -172,7 +178,7 @@ def match_source_length(call, self, models, sample, **kwargs):
         return call(self, models, sample, **kwargs)
 
 
-# -- max_len_warning -----------------------------------------------------------------------------------------------------
+# -- max_len_warning ---------------------------------------------------------------------------------------------------
 
 MAIN = Target(generate_cli, "_main", "cfg, output_file")
 
@@ -239,7 +245,7 @@ def main(cfg, output_file):
     return result
 
 
-# -- no_repeat_ngram -----------------------------------------------------------------------------------------------------
+# -- no_repeat_ngram ---------------------------------------------------------------------------------------------------
 
 FALLBACK = Target(NGramRepeatBlock, "_no_repeat_ngram", "self, tokens, lprobs, bsz, beam_size, step")
 
@@ -269,7 +275,7 @@ def bans_from_written_tokens():
     return bool(lprobs[0, 6] == -math.inf)
 
 
-# -- alignment_attention -------------------------------------------------------------------------------------------------
+# -- alignment_attention -----------------------------------------------------------------------------------------------
 
 def attention_on(models):
     """Inside: ``need_attn`` is on in every module of ``models`` that has it; afterwards, what it was."""
@@ -289,7 +295,7 @@ def attention_for_alignment(call, self, models, sample, **kwargs):
         return call(self, models, sample, **kwargs)
 
 
-# -- replace_unk ---------------------------------------------------------------------------------------------------------
+# -- replace_unk -------------------------------------------------------------------------------------------------------
 
 LOAD_ALIGN_DICT = Target(fairseq_utils, "load_align_dict", "replace_unk")
 REPLACE_UNK = Target(fairseq_utils, "replace_unk", "hypo_str, src_str, alignment, align_dict, unk")
@@ -390,7 +396,7 @@ def generate_main(cfg, *args, **kwargs):
         _binarized_align_dict.reset(token)
 
 
-# -- hub_score -----------------------------------------------------------------------------------------------------------
+# -- hub_score ---------------------------------------------------------------------------------------------------------
 
 SCORE = Target(GeneratorHubInterface, "score", "self, sentences, replace_newline_with_eos, **kwargs")
 
@@ -430,7 +436,7 @@ def score(self, sentences, replace_newline_with_eos: bool = False, targets=None,
     return [by_id[i][0] for i in range(len(src))]
 
 
-# -- compiled_decoding ---------------------------------------------------------------------------------------------------
+# -- compiled_decoding -------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class _Options:

@@ -30,6 +30,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``numerical`
     (all of ``--update-freq``), the first module the re-run found non-finite, and what is on disk;
   * ``Trainer.save_checkpoint``: refuses to write a checkpoint (other than ``crash.pt``) whose
     parameters are not all finite, so ``checkpoint_last.pt`` always holds finite parameters.
+
 * ``divergence``: ``--on-divergence rollback``: refuse a diverging update, skip its batches, lower the lr, go on.
 
   fairseq stops a run at the first non-finite gradient (``numerical_faults`` turns that into one
@@ -75,14 +76,16 @@ logger = logging.getLogger(__name__)
 
 TRAIN_STEP = Wrap(Target(Trainer, "train_step", "self, samples, raise_oom"), order=["divergence", "numerical_faults"])
 
-# -- numerical_faults ----------------------------------------------------------------------------------------------------
+# -- numerical_faults --------------------------------------------------------------------------------------------------
 
 DETECTOR = Target(fairseq_trainer, "NanDetector", "model, forward, backward")
 # What NanDetector below and its re-run use of fairseq's detector and trainer.
 DETECTOR_READS = [Target(Trainer, "_set_seed", "self"),
                   Target(nan_detector.NanDetector, "_detect", "self, tensor, name, backward"),
-                  *(Target(nan_detector.NanDetector, name, "self, module, inp, output") for name in ("fhook_fn", "bhook_fn")),
-                  *(Target(nan_detector.NanDetector, name, instance=True) for name in ("fhooks", "bhooks", "named_parameters"))]
+                  *(Target(nan_detector.NanDetector, name, "self, module, inp, output")
+                    for name in ("fhook_fn", "bhook_fn")),
+                  *(Target(nan_detector.NanDetector, name, instance=True)
+                    for name in ("fhooks", "bhooks", "named_parameters"))]
 
 CRASH_CHECKPOINT = "crash.pt"  # the name fairseq's train_step writes before re-running a failed update
 SHOWN_NAMES = 5  # parameter names listed in the log; the rest are counted
@@ -306,7 +309,7 @@ def save_checkpoint(call, self, filename, extra_state):
     return result
 
 
-# -- divergence ----------------------------------------------------------------------------------------------------------
+# -- divergence --------------------------------------------------------------------------------------------------------
 
 WARMUP = 10  # accepted updates before the loss is compared with its running mean
 WINDOW = 100  # the running mean: an average of the first WINDOW losses, then an exponential one of that span

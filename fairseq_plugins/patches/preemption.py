@@ -23,6 +23,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``preemption
   (the ``+``: hydra composes its config before the suite is imported; hydra ≥ 1.1, as 1.0 adds
   no key to a structured config). The signals are armed when
   fairseq's training loop starts (``fairseq_cli.train.train``); the run's state lives on its trainer.
+
 * ``clean_exit``: a finished run exits with status 0: fairseq's threads and process groups end before Python does.
 
   Python kills the daemon threads that take the GIL back during finalisation with
@@ -61,7 +62,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq_plugins.errors import ConfigError
 from fairseq_plugins.patches._mechanism import Patch, Target, config_options
 
-# -- preemption ----------------------------------------------------------------------------------------------------------
+# -- preemption --------------------------------------------------------------------------------------------------------
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later" -- rerun the same command
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -190,7 +191,7 @@ def validate_and_save(cfg, trainer, task, epoch_itr, valid_subsets, end_of_epoch
     return valid_losses, should_stop
 
 
-# -- clean_exit ----------------------------------------------------------------------------------------------------------
+# -- clean_exit --------------------------------------------------------------------------------------------------------
 
 CONSUMER = Target(iterators, "BackgroundConsumer", "queue, source, max_len, cuda_device")
 # fairseq's consumer thread's own state, which the run() below reads as fairseq's does

@@ -21,6 +21,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``resume`` f
   (``--update-epoch-batch-itr True``, ``--disable-iterator-cache``, ``rebuild_batches``) were
   already exact and are left alone. fairseq 0.12.2 groups with ``seed`` alone, the same in every
   process, and is left alone too.
+
 * ``elastic_resume``: resume an epoch on another number of workers or ``--update-freq``: every sample exactly once.
 
   fairseq shuffles an epoch's batches into one global order, gives worker r of N the batches
@@ -40,6 +41,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``resume`` f
   differently, which one log line says. Where the rebuilt order differs (other data, other
   --max-tokens or --seed) an exact position cannot be found: one warning line, and fairseq's
   per-worker resume. Datasets that prefetch (``supports_prefetch``) keep fairseq's behaviour.
+
 * ``finished_run``: a finished ``fairseq-train`` run stays finished: the same command again ends at once.
 
   fairseq's training loop takes an update before it compares the update count with
@@ -53,6 +55,7 @@ Behaviours (``FAIRSEQ_PLUGINS_DISABLE_PATCHES`` takes each name, or ``resume`` f
   Every rank decides from the state it has just loaded: rank 0's file, which ``Trainer.load_checkpoint``
   broadcast to the others (update count and iterator state alike), so all ranks stop together and no
   collective is left waiting.
+
 * ``patience_state``: ``--patience`` survives a restart; a run that stopped early stays stopped.
 
   fairseq keeps early stopping's state (the best validation value and the count of validations
@@ -85,7 +88,7 @@ from fairseq_plugins.patches._shared import LOAD_CHECKPOINT, TRAINER_SAVE
 
 logger = logging.getLogger(__name__)
 
-# -- resume_batches ------------------------------------------------------------------------------------------------------
+# -- resume_batches ----------------------------------------------------------------------------------------------------
 
 GET_BATCH_ITERATOR = Target(FairseqTask, "get_batch_iterator", (
     "self, dataset, max_tokens, max_sentences, max_positions, ignore_invalid_inputs, required_batch_size_multiple, "
@@ -133,15 +136,16 @@ def groups_by_starting_epoch():
         log.setLevel(level)
 
 
-# -- elastic_resume ------------------------------------------------------------------------------------------------------
+# -- elastic_resume ----------------------------------------------------------------------------------------------------
 
 ORDERED_BATCHES = Target(EpochBatchIterator, "ordered_batches", "self, epoch, fix_batches_to_gpus, shuffle")
 STATE_DICT = Target(EpochBatchIterator, "state_dict", "self")
 LOAD_STATE_DICT = Target(EpochBatchIterator, "load_state_dict", "self, state_dict")
 # The iterator's own state that a resume in the middle of an epoch reads and sets.
-ITERATOR_READS = [Target(EpochBatchIterator, "_get_iterator_for_epoch", "self, epoch, shuffle, fix_batches_to_gpus, offset"),
-                  *(Target(EpochBatchIterator, name, instance=True) for name in (
-                      "_supports_prefetch", "_next_epoch_itr", "grouped_shuffling", "shuffle", "num_shards", "shard_id"))]
+ITERATOR_READS = [
+    Target(EpochBatchIterator, "_get_iterator_for_epoch", "self, epoch, shuffle, fix_batches_to_gpus, offset"),
+    *(Target(EpochBatchIterator, name, instance=True)
+      for name in ("_supports_prefetch", "_next_epoch_itr", "grouped_shuffling", "shuffle", "num_shards", "shard_id"))]
 
 CONSUMED = "global_batches_consumed"  # the key that marks a state written by this patch
 ORDER = "_elastic_order"  # on an iterator: its cached _Order
@@ -280,7 +284,7 @@ def say_how_the_epoch_goes_on(call, cfg, trainer, **passthrough_args):
     return extra_state, epoch_itr
 
 
-# -- finished_run --------------------------------------------------------------------------------------------------------
+# -- finished_run ------------------------------------------------------------------------------------------------------
 
 def _finished(cfg, trainer, epoch_itr):
     """The one line to print if the loaded run has nothing left to train, else None."""
@@ -307,7 +311,7 @@ def end_a_finished_run(call, cfg, trainer, **passthrough_args):
     return extra_state, epoch_itr
 
 
-# -- patience_state ------------------------------------------------------------------------------------------------------
+# -- patience_state ----------------------------------------------------------------------------------------------------
 
 PATIENCE_STATE = "patience"
 # fairseq keeps early stopping's state as attributes of this function, which it sets in its body

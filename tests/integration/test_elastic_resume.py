@@ -242,7 +242,7 @@ def test_a_state_fairseq_wrote_without_the_suite_resumes_as_fairseq_does():
         assert rest[shard] == list(id_iterator(2, shard).next_epoch_itr(shuffle=True))[3:]
 
 
-def test_the_resume_line_says_whether_the_updates_group_the_same_batches(monkeypatch, caplog):
+def test_the_resume_line_says_whether_the_updates_group_the_same_batches(caplog):
     """In process, the patch's load_checkpoint over a stand-in for fairseq's (returning the resumed
     iterator): a state saved by 2 workers x --update-freq 1 after 2 steps, resumed with as many
     batches per update, fewer and more; and a state that did not record --update-freq."""
@@ -279,7 +279,7 @@ def test_the_resume_line_says_whether_the_updates_group_the_same_batches(monkeyp
                                      f"workers x --update-freq 1, 2 per update instead of an unknown count: {other}"
 
 
-def test_a_save_records_the_update_freq_of_its_epoch(monkeypatch):
+def test_a_save_records_the_update_freq_of_its_epoch():
     """fairseq's per-epoch --update-freq 3,1 (its last value for every later epoch): a mid-epoch
     state of epoch 1, 2 or 5 records 3, 1, 1."""
     trainer = SimpleNamespace(cfg=SimpleNamespace(optimization=SimpleNamespace(update_freq=[3, 1])))
@@ -292,7 +292,7 @@ def test_a_save_records_the_update_freq_of_its_epoch(monkeypatch):
     assert recorded == [3, 1, 1]
 
 
-def test_a_save_without_an_iterator_state_is_fairseqs(monkeypatch):
+def test_a_save_without_an_iterator_state_is_fairseqs():
     """A program of its own that saves through Trainer.save_checkpoint with no iterator state in
     ``extra_state`` gets fairseq's save, the state untouched (no --update-freq to record)."""
     saved = []

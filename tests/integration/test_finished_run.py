@@ -232,7 +232,7 @@ def test_with_the_patch_off_fairseq_trains_one_more_update(runs, data_bin, tmp_p
     assert num_updates(load_state(os.path.join(save_dir, "checkpoint_last.pt"))) == UPDATES + 1
 
 
-def test_a_program_with_its_own_trainer_object_gets_fairseqs_resume_unchanged(monkeypatch):
+def test_a_program_with_its_own_trainer_object_gets_fairseqs_resume_unchanged():
     """The patch acts on fairseq's Trainer only: another program's trainer-like object whose
     checkpoint is at --max-update gets fairseq's (extra_state, epoch_itr) back, and no exit."""
     from types import SimpleNamespace

@@ -174,7 +174,7 @@ def test_the_guard_sums_the_batches_of_an_update_but_not_fairseqs_dummy_batches(
     assert (guard.loss, guard.tokens) == (80.0, 45)
 
 
-def test_the_guard_is_back_on_after_fairseqs_own_run_of_an_update_past_max_rollbacks(monkeypatch):
+def test_the_guard_is_back_on_after_fairseqs_own_run_of_an_update_past_max_rollbacks():
     """Past --max-rollbacks, a divergence fairseq stops on is run again as fairseq runs it (the guard
     off, for fairseq's own report); if that run goes through (the divergence did not recur), the
     guard is on again for the next update."""
