@@ -75,11 +75,13 @@ class Target:
             return f"{self} exists already" if present else None
         if not present:
             return f"{self} is missing"
-        if self.holds is not None and self.holds not in _source(getattr(self.owner, self.name), self.holds):
+        # a Wrap's target already in (for another behaviour): the original is what is checked
+        value = self.original if self.replacement is not None else getattr(self.owner, self.name)
+        if self.holds is not None and self.holds not in _source(value, self.holds):
             return f"{self} no longer holds {self.holds!r}"
         if self.params is not None:
-            try:  # a Wrap's target already in (for another behaviour): the original is what is checked
-                found = parameters(self.original if self.replacement is not None else getattr(self.owner, self.name))
+            try:
+                found = parameters(value)
             except (TypeError, ValueError):
                 return f"{self} is not a function"
             if found != self.params:
@@ -87,9 +89,11 @@ class Target:
         return None
 
     def _set_by_init(self):
+        """Whether an ``__init__`` of the owner's classes assigns ``self.<name>`` (True where none has Python source)."""
         pattern = re.compile(rf"\bself\.{re.escape(self.name)}\s*(:[^=]*)?=[^=]")
-        return any(pattern.search(_source(vars(cls)["__init__"], f"self.{self.name} =")) for cls in self.owner.__mro__
-                   if "__init__" in vars(cls))
+        sources = [_source(vars(cls)["__init__"], None) for cls in self.owner.__mro__ if "__init__" in vars(cls)]
+        sources = [source for source in sources if source is not None]  # object's and other built-in ones have none
+        return not sources or any(pattern.search(source) for source in sources)
 
     def __call__(self, *args, **kwargs):
         """The original: what was there at install, or the attribute itself while the patch is out."""
