@@ -5,7 +5,7 @@
     fairseq-plugins-average --inputs a.pt b.pt c.pt --output avg.pt
 
 Checkpoints are read with fairseq's loader (weights-only, see
-``fairseq_plugins.patches.checkpoint_loading``) and written atomically with fairseq's
+:func:`fairseq_plugins.checkpoints.load_state`) and written atomically with fairseq's
 ``torch_persistent_save``, so ``fairseq-generate --path avg.pt`` loads the result. The output
 keeps the newest input's configuration and drops optimizer state (an average is evaluated, not
 resumed). On any error nothing is written.

@@ -61,7 +61,7 @@ class RNNencdecModel(RNNsearchModel):
     into one vector c, the same decoder and deep output conditioned on c at every step."""
 
     encoder_class = GRUEncoder
-    has_attention = False  # one fixed context: --print-alignment is refused (patches/alignment_attention.py)
+    has_attention = False  # one fixed context: --print-alignment is refused (patches/generation.py)
 
     @staticmethod
     def add_args(parser):

@@ -158,7 +158,7 @@ class LSTMDecoder(BeamCacheDecoder):
 class Seq2SeqLSTMModel(SuiteModel):
     """Sutskever et al. (2014): deep LSTM encoder-decoder, source reversed, no attention."""
 
-    has_attention = False  # --print-alignment is refused (patches/alignment_attention.py)
+    has_attention = False  # --print-alignment is refused (patches/generation.py, alignment_attention)
 
     @staticmethod
     def add_args(parser):

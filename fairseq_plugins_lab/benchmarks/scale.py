@@ -62,7 +62,7 @@ def _command(args, cell, argv):
         env["OMP_NUM_THREADS"] = str(args.processes)
         return [FAIRSEQ_TRAIN, *argv, "--update-freq", str(args.processes)], env
     env["OMP_NUM_THREADS"] = "1"
-    # fairseq's spawn on CPU (patches/cpu_launch): rank 0 logs the training lines
+    # fairseq's spawn on CPU (patches/launch.py, cpu_launch): rank 0 logs the training lines
     return [FAIRSEQ_TRAIN, *argv, "--distributed-world-size", str(args.processes)], env
 
 

@@ -1,4 +1,4 @@
-"""A run killed mid-epoch resumes on another number of workers (patches/elastic_resume.py).
+"""A run killed mid-epoch resumes on another number of workers (patches/resume.py, elastic_resume).
 
 Every run is CPU gloo workers started as SLURM tasks (1 thread each, --dropout 0, one seed),
 under tests/train_probe.py, which records the sentence ids of every batch each worker actually

@@ -1,4 +1,4 @@
-"""A finished fairseq-train run stays finished (patches/finished_run.py).
+"""A finished fairseq-train run stays finished (patches/resume.py, finished_run).
 
 The same command run again on a run whose checkpoint is at --max-update (or past --max-epoch)
 must end at once with status 0 and one line, and write nothing: every file under --save-dir keeps

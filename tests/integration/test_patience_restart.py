@@ -1,4 +1,4 @@
-"""--patience survives a restart (patches/patience_state.py).
+"""--patience survives a restart (patches/resume.py, patience_state).
 
 The learning rate is 0.002 for epochs 1-2 and 0 from epoch 3 on (``--lr 0.002,0.002,0``, fairseq's
 fixed per-epoch schedule): the validation improves at epoch 2, then every loss equals epoch 2's,

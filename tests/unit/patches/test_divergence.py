@@ -1,4 +1,4 @@
-"""--on-divergence (patches/divergence.py): a poisoned batch is skipped, or stops the run as before.
+"""--on-divergence (patches/numerical.py, divergence): a poisoned batch is skipped, or stops the run as before.
 
 The poison is test-only (tests/train_probe.py, PROBE_POISON=i): while the trainer works on the
 update holding sentence i, the encoder's token embedding outputs Inf. The oracle of a rollback is
@@ -85,7 +85,7 @@ def test_the_fp16_loss_scale_floor_rolls_back_until_max_rollbacks_then_stops_wit
     assert same(snapshot(trainer), start)
 
 
-# ------------------------------------------------------------------ the loss-spike rule (patches/divergence.py's _Guard)
+# ------------------------------------------------------------------ the loss-spike rule (patches/numerical.py's _Guard)
 
 def test_a_loss_above_the_factor_times_its_running_mean_is_a_divergence_once_warmed_up():
     """The rule recomputed by hand: the mean of the accepted losses per token, compared from the
