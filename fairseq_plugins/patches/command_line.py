@@ -41,7 +41,7 @@ def _fairseqs(parser):
 def _error(self, message):
     if not _fairseqs(self):
         return ERROR(self, message)
-    self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
+    self.exit(2, f"{self.prog}: error: {message}\n")  # argparse's own line, without the usage above it
 
 
 def _check_value(self, action, value):
