@@ -48,6 +48,8 @@ setup(
         "matplotlib>=3.5",
         # fairseq-train --tensorboard-logdir writes through torch.utils.tensorboard, which needs it
         "tensorboard>=2.9",
+        # fairseq imports it with every task (text_to_speech) and logs "Please install tensorboardX" without it
+        "tensorboardX>=2.6",
     ],
     extras_require={
         # CTranslate2 deployment of vaswani_transformer (fairseq-plugins-export-ctranslate2)
