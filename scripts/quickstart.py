@@ -147,7 +147,7 @@ def main(argv=None):
     print(f"\n(test set: {results[0]['sentences']} sentences, beam 4; each model scored with the average of its "
           f"last 5 checkpoints, written every 1/30 of its updates; outputs under {args.work})")
     print("The papers' claims on longer sentences, several seeds and a real language pair: "
-          "bash examples/paper_claims/run.sh (docs/paper_claims/REPORT.md).")
+          "bash examples/paper_claims/run.sh (reports/paper_claims/REPORT.md).")
     for note in notes:
         print("warning: " + note)
     failures = not_learned(results, args.max_update)
