@@ -108,10 +108,18 @@ def run_parallel(tasks, jobs):
             raise
 
 
-def generate(data, checkpoint, out, extra=()):
+def device_flags(device):
+    """fairseq's flags for ``device``: ``cpu`` or ``cuda`` (fairseq takes the GPU unless told --cpu)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: expected cpu or cuda")
+    return ["--cpu"] if device == "cpu" else []
+
+
+def generate(data, checkpoint, out, extra=(), device="cpu"):
     if not os.path.exists(out):
         run(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
-             "--beam", 4, "--batch-size", 64, "--cpu", "--max-len-a", 1, "--max-len-b", 10, *extra], out + ".tmp")
+             "--beam", 4, "--batch-size", 64, *device_flags(device), "--max-len-a", 1, "--max-len-b", 10, *extra],
+            out + ".tmp")
         os.replace(out + ".tmp", out)
     return out
 
@@ -129,10 +137,10 @@ def updates_done(checkpoint):
     return load_state(checkpoint)["optimizer_history"][-1]["num_updates"]
 
 
-def validate(data, checkpoint, log_path):
+def validate(data, checkpoint, log_path, device="cpu"):
     """Validation loss, NLL (base 2) and perplexity of ``checkpoint`` (fairseq-validate)."""
     run(["fairseq-validate", data, "--user-dir", USER_DIR, "--task", "translation", "--path", checkpoint,
-         "--valid-subset", "valid", "--max-tokens", 4096, "--cpu", "--num-workers", 0], log_path)
+         "--valid-subset", "valid", "--max-tokens", 4096, *device_flags(device), "--num-workers", 0], log_path)
     return best_valid(log_path)
 
 
@@ -152,7 +160,7 @@ def best_valid(train_log):
 
 def train_and_evaluate(work, name, data, train_flags, max_update, minutes, average=5, score_last=False,
                        seed=1, save_points=30, validate_scored=False, echo=True, generate_flags=(),
-                       validate_last_only=False):
+                       validate_last_only=False, keep_all=False, device="cpu"):
     """Train ``name`` with fairseq-train, average the last checkpoints, translate and score.
 
     A checkpoint is written every ``max_update / save_points`` updates and the last ``average``
@@ -162,7 +170,8 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
     scored checkpoint's validation loss and perplexity are measured (``result["scored_valid"]``;
     ``result["valid"]`` is the best one logged during training). ``generate_flags`` go to every fairseq-generate (e.g. --remove-bpe).
     fairseq-train validates at every checkpoint; with ``validate_last_only`` only at the ones
-    averaged (and at the end), which on a small budget saves most of the time.
+    averaged (and at the end), which on a small budget saves most of the time. ``keep_all`` keeps
+    every interval checkpoint (to pick one by time or compute later), not only the averaged ones.
     """
     out = os.path.join(work, name)
     result_path = os.path.join(out, "result.json")
@@ -175,9 +184,10 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
     say(f"{name}: fairseq-train, {max_update} updates or {minutes:g} minutes, seed {seed}")
     start = time.time()
     interval = max(1, max_update // save_points)
-    run(["fairseq-train", data, "--user-dir", USER_DIR, *train_flags, "--cpu", "--max-update", max_update,
-         "--stop-time-hours", minutes / 60, "--save-dir", ckpt, "--save-interval-updates", interval,
-         "--keep-interval-updates", max(1, average), "--no-epoch-checkpoints", "--no-progress-bar",
+    run(["fairseq-train", data, "--user-dir", USER_DIR, *train_flags, *device_flags(device),
+         "--max-update", max_update, "--stop-time-hours", minutes / 60, "--save-dir", ckpt,
+         "--save-interval-updates", interval,
+         "--keep-interval-updates", -1 if keep_all else max(1, average), "--no-epoch-checkpoints", "--no-progress-bar",
          "--log-interval", max(1, max_update // 30), "--seed", seed, "--num-workers", 0,
          "--validate-after-updates", max(0, max_update - average * interval) if validate_last_only else 0],
         os.path.join(out, "train.log"), echo=(" | train_inner | ", " | valid | ") if echo else (),
@@ -202,13 +212,13 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
     result = {"model": name, "seed": seed, "parameters": count_parameters(evaluated),
               "train_minutes": round(train_minutes, 1), "averaged": len(chosen), "checkpoint": evaluated,
               "updates": updates, "max_update": max_update, "stopped_on_time": stopped_on_time,
-              **score(generate(data, evaluated, os.path.join(out, "generate.txt"), generate_flags)),
+              **score(generate(data, evaluated, os.path.join(out, "generate.txt"), generate_flags, device)),
               "valid": best_valid(os.path.join(out, "train.log"))}
     if validate_scored:
-        result["scored_valid"] = validate(data, evaluated, os.path.join(out, "validate.log"))
+        result["scored_valid"] = validate(data, evaluated, os.path.join(out, "validate.log"), device)
     if score_last:
         result["last"] = score(generate(data, os.path.join(ckpt, "checkpoint_last.pt"),
-                                        os.path.join(out, "generate-last.txt"), generate_flags))
+                                        os.path.join(out, "generate-last.txt"), generate_flags, device))
     with open(result_path, "w") as f:
         json.dump(result, f)
     return result
