@@ -454,8 +454,8 @@ def report(argv, out, corpora, results, extra, seconds, load):
             continue
         rows_c, per_token = compute
         lines += [f"## Transformer vs RNNsearch at equal compute ({c})", "",
-                  "Training FLOPs per target token, forward and backward, counted by torch's FlopCounterMode on "
-                  "4 training batches: " + ", ".join(f"{n} {v / 1e6:.1f} MFLOP" for n, v in per_token.items())
+                  "Training FLOPs per target token, forward and backward, counted by torch's FlopCounterMode (matrix "
+                  "products and attention; elementwise work is not counted) on 4 training batches: " + ", ".join(f"{n} {v / 1e6:.1f} MFLOP" for n, v in per_token.items())
                   + ". Words/s: target tokens per second of training, 1 thread.", ""]
         table = []
         for kind, label in (("minutes", "equal minutes"), ("flops", "equal FLOPs")):
