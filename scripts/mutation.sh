@@ -32,33 +32,33 @@ tests_for() {
         criterions/label_smoothed_xent.py) echo "tests/unit/criterions/test_label_smoothed_xent.py \
 tests/unit/criterions/test_bf16.py -m 'not slow'" ;;
         lr_schedulers/inverse_sqrt_warmup.py) echo "tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py" ;;
-        patches/resume.py) echo "tests/unit/patches/test_resume.py tests/unit/patches/test_resume_batches.py \
+        patches/resume.py) echo "tests/unit/patches/test_resume.py \
 tests/integration/test_finished_run.py tests/integration/test_patience_restart.py tests/integration/test_elastic_resume.py" ;;
         patches/numerical.py) echo "tests/unit/patches/test_numerical.py tests/unit/patches/test_divergence.py" ;;
-        patches/preemption.py) echo "tests/unit/patches/test_preemption.py tests/unit/patches/test_clean_exit.py \
+        patches/preemption.py) echo "tests/unit/patches/test_preemption.py tests/integration/test_clean_exit.py \
 tests/integration/test_cluster.py -k 'preempt or sigterm or signal or clean or abort'" ;;
-        modules/beam_cache.py) echo "tests/test_decoding_cache.py tests/test_torch_export.py" ;;
-        fairseq_plugins_onnx.py) echo "tests/test_export_onnx.py -k 'not page'" ;;  # the page runs its own JS
+        modules/beam_cache.py) echo "tests/unit/modules/test_beam_cache.py tests/unit/export/test_torch_export.py" ;;
+        fairseq_plugins_onnx.py) echo "tests/integration/export/test_export_onnx.py -k 'not page'" ;;  # the page runs its own JS
         patches/checkpoint_io.py) echo "tests/unit/patches/test_checkpoint_io.py tests/unit/test_atomic_write.py \
-tests/unit/patches/test_compat.py tests/unit/patches/test_fairseq_regressions.py tests/test_checkpoints.py" ;;
-        modules/decoding_linear.py) echo "tests/unit/modules/test_decoding_linear.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
-        patches/generation.py) echo "tests/unit/patches/test_generation.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
-        modules/multihead_attention.py) echo "tests/test_transformer.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
-        modules/transformer_layer.py|modules/positional_embedding.py) echo "tests/test_transformer.py \
-tests/unit/models/test_transformer_defaults.py tests/test_decoding_cache.py tests/test_torch_export.py" ;;
-        checkpoints.py) echo "tests/test_checkpoints.py tests/unit/test_atomic_write.py tests/unit/patches/test_checkpoint_io.py \
-tests/test_quickstart.py::test_averaging_window_keeps_to_the_end_of_the_training_done" ;;
+tests/unit/patches/test_compat.py tests/unit/patches/test_fairseq_regressions.py tests/unit/test_checkpoints.py" ;;
+        modules/decoding_linear.py) echo "tests/unit/modules/test_decoding_linear.py tests/unit/models/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
+        patches/generation.py) echo "tests/unit/patches/test_generation.py tests/unit/models/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
+        modules/multihead_attention.py) echo "tests/unit/models/test_transformer.py tests/unit/modules/test_beam_cache.py tests/unit/export/test_torch_export.py" ;;
+        modules/transformer_layer.py|modules/positional_embedding.py) echo "tests/unit/models/test_transformer.py \
+tests/unit/models/test_transformer_defaults.py tests/unit/modules/test_beam_cache.py tests/unit/export/test_torch_export.py" ;;
+        checkpoints.py) echo "tests/unit/test_checkpoints.py tests/unit/test_atomic_write.py tests/unit/patches/test_checkpoint_io.py \
+tests/integration/test_quickstart.py::test_averaging_window_keeps_to_the_end_of_the_training_done" ;;
         serve/batching.py) echo "tests/unit/serve/test_batching.py" ;;
-        modules/additive_attention.py) echo "tests/test_rnn_models.py tests/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
-        modules/conditional_gru.py|modules/maxout.py) echo "tests/test_rnn_models.py" ;;
-        modules/gru.py|modules/lstm.py) echo "tests/test_rnn_models.py tests/test_torch_export.py" ;;  # scan, jit.script
-        modules/recurrence.py) echo "tests/test_rnn_models.py tests/test_torch_export.py" ;;
-        models/rnnsearch.py|models/rnnencdec.py|models/seq2seq_lstm.py) echo "tests/test_rnn_models.py tests/test_decoding_cache.py \
-tests/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not vaswani and not transformer'" ;;
-        models/transformer.py) echo "tests/unit/models/test_transformer_defaults.py tests/test_transformer.py tests/test_decoding_cache.py \
-tests/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not rnn and not seq2seq and not lstm'" ;;  # not the CLI's 85 s
-        models/transformer_convert.py) echo "tests/test_transformer.py tests/test_transformer_cli.py -k 'convert'" ;;
-        lr_schedulers/sutskever_halving.py) echo "tests/test_rnn_models.py tests/unit/test_registry.py -k 'halving or registered'" ;;
+        modules/additive_attention.py) echo "tests/unit/models/test_rnn_models.py tests/unit/models/test_compiled_decoding.py -k 'not fairseq_generate'" ;;
+        modules/conditional_gru.py|modules/maxout.py) echo "tests/unit/models/test_rnn_models.py" ;;
+        modules/gru.py|modules/lstm.py) echo "tests/unit/models/test_rnn_models.py tests/unit/export/test_torch_export.py" ;;  # scan, jit.script
+        modules/recurrence.py) echo "tests/unit/models/test_rnn_models.py tests/unit/export/test_torch_export.py" ;;
+        models/rnnsearch.py|models/rnnencdec.py|models/seq2seq_lstm.py) echo "tests/unit/models/test_rnn_models.py tests/unit/modules/test_beam_cache.py \
+tests/unit/export/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not vaswani and not transformer'" ;;
+        models/transformer.py) echo "tests/unit/models/test_transformer_defaults.py tests/unit/models/test_transformer.py tests/unit/modules/test_beam_cache.py \
+tests/unit/export/test_torch_export.py tests/unit/models/test_training_oracle.py -k 'not rnn and not seq2seq and not lstm'" ;;  # not the CLI's 85 s
+        models/transformer_convert.py) echo "tests/unit/models/test_transformer.py tests/integration/test_transformer_cli.py -k 'convert'" ;;
+        lr_schedulers/sutskever_halving.py) echo "tests/unit/models/test_rnn_models.py tests/unit/test_registry.py -k 'halving or registered'" ;;
         *) return 1 ;;
     esac
 }

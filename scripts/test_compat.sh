@@ -76,7 +76,7 @@ tests=()
 for f in tests/unit/patches/test_compat.py tests/unit/test_registry.py tests/integration/test_registry_cli.py \
          tests/unit/criterions/test_label_smoothed_xent.py \
          tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py tests/integration/test_end_to_end.py \
-         tests/test_rnn_models.py tests/test_rnn_cli.py tests/test_transformer*.py \
+         tests/unit/models/test_rnn_models.py tests/integration/test_rnn_cli.py tests/unit/models/test_transformer.py tests/integration/test_transformer_cli.py \
          tests/unit/models/test_transformer_defaults.py tests/unit/patches/test_numerical.py; do
     [ -f "$f" ] && tests+=("$f")
 done

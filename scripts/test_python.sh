@@ -38,9 +38,9 @@ bash scripts/setup_env.sh
 tests=(tests/unit/test_registry.py tests/integration/test_registry_cli.py
        tests/unit/criterions/test_label_smoothed_xent.py tests/unit/lr_schedulers/test_inverse_sqrt_warmup.py
        tests/unit/patches/test_compat.py
-       tests/test_transformer.py tests/test_rnn_models.py tests/integration/test_end_to_end.py tests/test_rnn_cli.py
-       tests/test_transformer_cli.py tests/integration/test_hub.py tests/test_user_dir.py
-       tests/test_export_ctranslate2.py tests/integration/test_generation_patches.py)
+       tests/unit/models/test_transformer.py tests/unit/models/test_rnn_models.py tests/integration/test_end_to_end.py tests/integration/test_rnn_cli.py
+       tests/integration/test_transformer_cli.py tests/integration/test_hub.py tests/integration/test_user_dir.py
+       tests/integration/export/test_export_ctranslate2.py tests/integration/test_generation_patches.py)
 # fairseq 0.12.2 (Python 3.10) is where patches such as encoder_fast_path act: their tests too
 [ "$VERSION" != 3.10 ] || tests+=(tests/unit/patches/test_{mechanism,checkpoint_io,data,models,launch,numerical,resume,preemption,generation}.py)
 for arg in "$@"; do

@@ -1,5 +1,5 @@
 """The papers' equations written out, one sentence and one step at a time, reading only a
-model's parameter tensors: the independent oracles of tests/test_rnn_models.py (forward) and
+model's parameter tensors: the independent oracles of tests/unit/models/test_rnn_models.py (forward) and
 tests/unit/models/test_training_oracle.py (training)."""
 import torch
 

@@ -1,4 +1,4 @@
-"""fairseq-train with test-only probes, set by environment variables (used by tests/test_elastic_resume.py).
+"""fairseq-train with test-only probes, set by environment variables (used by tests/integration/test_elastic_resume.py).
 
 PROBE_IDS=path: append to ``path.rank<R>`` one line per training batch actually given to
     ``Trainer.train_step``: "epoch update id,id,..." (update: the one the batch belongs to).

@@ -2,7 +2,7 @@
 standing in for GPUs: torchrun, SLURM tasks, fairseq's spawn; preemption; a dead worker.
 
 The oracle of every run is one process with ``--update-freq 2`` (:func:`reference`), which
-2 workers must reproduce bit for bit (tolerance 0; why it is exact: tests/test_distributed.py).
+2 workers must reproduce bit for bit (tolerance 0; why it is exact: tests/integration/test_distributed.py).
 Every worker runs with 1 thread, ``--dropout 0`` and one seed. A stopped run is restarted with
 the command that started it, and must end bit-equal too: weights, Adam's state, update count.
 """

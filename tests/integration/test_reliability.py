@@ -1,7 +1,7 @@
 """Reliability: kill -9 and resume, full disk, corrupt and hostile checkpoints, bad corpora,
 numerical faults. Every test drives the real command-line tools (see docs/RELIABILITY.md). The
-in-process pieces: tests/unit/test_atomic_write.py, tests/unit/patches/test_resume_batches.py and
-tests/unit/patches/test_clean_exit.py.
+in-process pieces: tests/unit/test_atomic_write.py, tests/unit/patches/test_resume.py and
+tests/integration/test_clean_exit.py.
 """
 import glob
 import hashlib
@@ -180,7 +180,7 @@ def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path, data_bin, arch):
     arch_args = KILL_RESUME_ARCHS[arch]
     total, every = 12, 3  # 8 updates per epoch: saves mid-epoch and at epoch ends
     # The kills fall in epochs 1 and 2: resumes in epoch 2 need the suite's resume_batches patch
-    # (tests/unit/patches/test_resume_batches.py).
+    # (tests/unit/patches/test_resume.py).
     resumable = ["--save-interval-updates", every]
     # Seeded: every run draws the same kill moments (update numbers and delays), so a failure
     # names its moments; what varies is how far the trainer gets within a delay on a loaded machine.

@@ -7,6 +7,8 @@ import pytest
 from fairseq import options
 from patching import out
 
+from fairseq_plugins.errors import ConfigError
+
 
 def parse(parser, argv, capsys):
     """(exit status, what went to stderr) of ``parser.parse_args(argv)``, which must fail."""
@@ -46,3 +48,12 @@ def test_the_data_directory_is_checked_on_the_tools_command_line_only(tmp_path, 
     assert exit_.value.code == 2
     assert capsys.readouterr().err.endswith(f"error: data directory {missing}: no such folder "
                                             "(fairseq-preprocess --destdir writes one)\n")
+
+
+def test_a_suite_error_ends_in_one_line(capsys):
+    error = ConfigError("--arch nope: no such model")
+    with out("command_line"):
+        sys.excepthook(ConfigError, error, None)
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith("ConfigError: --arch nope: no such model")
+    sys.excepthook(ConfigError, error, None)
+    assert capsys.readouterr().err == "error: --arch nope: no such model\n"

@@ -396,11 +396,3 @@ def test_a_requirement_this_fairseq_does_not_need_counts_as_met(monkeypatch, app
     assert Owner().other(1) == (("suite", "fairseq other", 1) if installed else ("fairseq other", 1))
     dependent.uninstall()
 
-
-def test_one_line_errors(capsys):
-    error = ConfigError("--arch nope: no such model")
-    with out("command_line"):
-        sys.excepthook(ConfigError, error, None)
-        assert capsys.readouterr().err.strip().splitlines()[-1].endswith("ConfigError: --arch nope: no such model")
-    sys.excepthook(ConfigError, error, None)
-    assert capsys.readouterr().err == "error: --arch nope: no such model\n"

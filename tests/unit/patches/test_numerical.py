@@ -1,5 +1,5 @@
 """patches/numerical.py in process: numerical_faults out and in, the NanDetector fix, and fairseq's fp16 loss
-scaling on CPU (``--on-divergence``: tests/integration/test_divergence.py).
+scaling on CPU (``--on-divergence``: tests/unit/patches/test_divergence.py).
 
 The command-line drills (NaN gradients, the sentence that caused them, an optimizer step that
 overflows) are in ``test_reliability.py``. Here:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import REPO
+
+ROOT = Path(REPO)
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "reports").rglob("*.md"))
 README_MAX_LINES = 150
 MAX_CELL = 200  # characters in one table cell of the README

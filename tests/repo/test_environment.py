@@ -56,7 +56,7 @@ def test_missing_chromium_is_installed_with_apt_get_through_sudo_unless_root(tmp
     assert "apt-get install -y chromium" in proc.stdout
 
 
-ASK = ("error: the tests need Debian's Chromium (tests/test_serve_browser.py): install it, "
+ASK = ("error: the tests need Debian's Chromium (tests/integration/test_serve_browser.py): install it, "
        "e.g. sudo apt-get install -y chromium, then run this again")
 
 
