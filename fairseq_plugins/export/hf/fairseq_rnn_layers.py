@@ -3,7 +3,7 @@ conditional GRU cell, the source reversal): copies of ``fairseq_plugins/modules`
 ``seq2seq_lstm``'s reversal) in torch alone, since this file ships inside every exported folder
 (imported by ``modeling_fairseq_rnn.py``, loaded with ``trust_remote_code=True``) where fairseq
 need not be installed. Same parameter names and functions as the originals;
-``tests/test_export_hf_rnn.py`` holds each copy to its original on random weights.
+``tests/unit/export/test_export_hf_rnn.py`` holds each copy to its original on random weights.
 """
 from typing import List, Optional, Tuple
 
