@@ -197,22 +197,25 @@ def reference_bits(data, checkpoint, out, device):
     return [rows[i] for i in sorted(rows)]
 
 
+def stamped(train_log):
+    """(seconds since the epoch, line) of every line of a fairseq log that starts with its time."""
+    with open(train_log) as f:
+        for line in f:
+            m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ", line)
+            if m:
+                yield time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")), line
+
+
 def checkpoint_points(train_log):
     """{updates: seconds since the log's first line} of every interval checkpoint fairseq-train saved,
     and the mean target tokens per update (fairseq's wpb)."""
-    stamp = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
     start, points, wpb = None, {}, []
-    with open(train_log) as f:
-        for line in f:
-            m = stamp.match(line)
-            if not m:
-                continue
-            t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
-            start = t if start is None else start
-            saved = re.search(r"Saved checkpoint \S*checkpoint_\d+_(\d+)\.pt ", line)
-            if saved:
-                points[int(saved.group(1))] = t - start
-            wpb += [float(x) for x in re.findall(r"\bwpb=([\d.]+)", line)]
+    for t, line in stamped(train_log):
+        start = t if start is None else start
+        saved = re.search(r"Saved checkpoint \S*checkpoint_\d+_(\d+)\.pt ", line)
+        if saved:
+            points[int(saved.group(1))] = t - start
+        wpb += [float(x) for x in re.findall(r"\bwpb=([\d.]+)", line)]
     return points, sum(wpb) / len(wpb)
 
 
@@ -401,6 +404,16 @@ def epochs(work, name, r):
         return max(int(e) for e in re.findall(r"\bepoch (\d+)", f.read()))
 
 
+def span(corpora, results):
+    """(first, last) times of the experiment's steps: the first training's first log line and the
+    newest output file; a resumed experiment reports its whole course, pauses included."""
+    logs = [os.path.join(run_dir(corpora[c][0], name, r["seed"]), "train.log")
+            for c in results for name, runs in results[c].items() for r in runs]
+    outputs = [os.path.join(root, f) for c in corpora for root, _, files in os.walk(corpora[c][0]) for f in files
+               if f.startswith("generate") or f == "result.json"]
+    return min(next(stamped(log))[0] for log in logs), max(os.path.getmtime(f) for f in outputs)
+
+
 def cell(runs, key, digits=1):
     return claims.mean_std([key(r) for r in runs], digits)
 
@@ -410,13 +423,19 @@ def not_run(key, corpus):
     return "not run on this corpus (see Budgets)" if any(n not in trained for n in NEEDS[key]) else "-"
 
 
+def clock(t):
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
 def report(argv, out, corpora, results, extra, seconds, load):
     names = list(corpora)
     lines = ["# The papers' claims, decided with paired significance tests over seeds", "",
-             f"Command: `bash examples/paper_claims/run.sh {' '.join(argv)}`, {time.strftime('%Y-%m-%d')}; "
-             f"{cpu()}, {os.cpu_count()} cores; load average {load[0]:.1f} at the start and {load[1]:.1f} at the "
-             f"end; wall time {seconds / 60:.0f} minutes (of this invocation; steps an earlier one finished are "
-             f"reused). {extra['jobs']} trainings at a time, 1 thread each, on {extra['device']}.", "",
+             f"Command: `bash examples/paper_claims/run.sh {' '.join(argv)}`; {cpu()}, {os.cpu_count()} cores; "
+             f"{extra['jobs']} trainings at a time, 1 thread each, on {extra['device']}. Its steps ran from "
+             f"{clock(extra['span'][0])} to {clock(extra['span'][1])} "
+             f"({(extra['span'][1] - extra['span'][0]) / 60:.0f} minutes, pauses between invocations included); "
+             f"this invocation took {seconds / 60:.0f} minutes, with load average {load[0]:.1f} at its start "
+             f"and {load[1]:.1f} at its end.", "",
              *[f"- **{c}**: {corpora[c][3]}." for c in names], "",
              "## Rule", "",
              "Each claim compares two systems trained alike with the same seed (seeds "
@@ -561,6 +580,7 @@ def main(argv=None):
                                            extra["compute"].get(name, [None])[0])
         if "rnnsearch-50" in results[name] and "rnnencdec-50" in results[name]:
             extra["figures"][name] = figures(name, work, args.work, data, results[name])
+    extra["span"] = span(corpora, results)
     print(report(argv, args.work, corpora, results, extra, time.time() - start, (load, os.getloadavg()[0])))
 
 
