@@ -475,7 +475,9 @@ def report(argv, out, corpora, results, extra, seconds, load):
         lines += [f"## Transformer vs RNNsearch at equal compute ({c})", "",
                   "Training FLOPs per target token, forward and backward, counted by torch's FlopCounterMode (matrix "
                   "products and attention; elementwise work is not counted) on 4 training batches: " + ", ".join(f"{n} {v / 1e6:.1f} MFLOP" for n, v in per_token.items())
-                  + ". Words/s: target tokens per second of training, 1 thread.", ""]
+                  + " (the dense-model estimate, 6 × parameters: " + ", ".join(
+                      f"{n} {6 * results[c][n][0]['parameters'] / 1e6:.1f}" for n in per_token)
+                  + "). Words/s: target tokens per second of training, 1 thread.", ""]
         table = []
         for kind, label in (("minutes", "equal minutes"), ("flops", "equal FLOPs")):
             for row in rows_c[kind]:
