@@ -39,7 +39,7 @@ setup(
         # Users on GPU clusters bring their own CUDA build; tested on 2.7.0 and 2.13.0, the floor is
         # the oldest tested: 2.5.1 lacks torch._higher_order_ops.scan (the suite does not import
         # there); 2.6.0 failed on torch.compiler.is_exporting, which no model calls any more, and
-        # has not been tested since (docs/COMPATIBILITY.md).
+        # has not been tested since (docs/INSTALL.md; the dated runs: reports/compatibility/runs.md).
         "torch>=2.7,<2.15",
         "sentencepiece>=0.1.99",
         "subword-nmt>=0.3.8",

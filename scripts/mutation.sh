@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Mutation testing (cosmic-ray) of the modules where a silent bug costs most, each against the
 # tests that cover it: a small change is put into the code, one at a time, and the tests must fail.
-# Not part of CI: hours on 2 cores (docs/TESTING.md has the last result and every survivor's fate).
+# Not part of CI: hours on 2 cores (docs/TESTING.md has the last result, reports/mutation/sessions.md every
+# survivor's fate).
 #
-#   bash scripts/mutation.sh                      # all thirty-one modules below
+#   bash scripts/mutation.sh                      # all twenty-seven modules below
 #   bash scripts/mutation.sh patches/resume.py lr_schedulers/inverse_sqrt_warmup.py
 #   MUTATION_LINES="63-82 156-173" bash scripts/mutation.sh fairseq_plugins_onnx.py  # those lines only
 #

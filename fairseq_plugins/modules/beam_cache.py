@@ -1,4 +1,4 @@
-"""One decoding cache for every family: :class:`BeamCache` (design: docs/DECODING.md).
+"""One decoding cache for every family: :class:`BeamCache` (its design below; what it guarantees: docs/DECODING.md).
 
 fairseq decodes N rows (hypotheses) step by step and, between steps, calls
 ``reorder_incremental_state(state, new_order)``: row n then continues old row ``new_order[n]``,
@@ -86,7 +86,7 @@ def _beam_pattern(new_order: Tensor, beam_size: int, beams: int) -> Tuple[bool, 
     old beam, and some beam finished or moved). The shapes decide what they can (rows that make
     no whole beams are not within beams; another number of beams has moved); the rest is one read
     on the host, a single ``torch.equal`` for beam search's usual order, every beam continuing
-    itself (docs/DECODING.md has its cost)."""
+    itself (its cost: docs/DECODING.md, "What the decoders guarantee")."""
     if new_order.numel() % beam_size:
         return False, True
     origin = new_order.view(-1, beam_size) // beam_size  # [R', G]: the old beam of every new row

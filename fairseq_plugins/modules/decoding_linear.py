@@ -75,7 +75,7 @@ def int8_engine(flags: Sequence[str]) -> str:
     (:func:`fairseq_plugins.hardware.cpu_flags`): oneDNN where AMX multiplies int8 tiles, PyTorch's
     default (fbgemm's VNNI kernels on x86) elsewhere. On a Xeon with AMX, oneDNN's AMX kernels ran
     the decoders' products twice as fast as fbgemm and decoded 10-16% faster; on an AMD EPYC with
-    VNNI and no AMX oneDNN decoded 5% slower (docs/BENCHMARKS.md)."""
+    VNNI and no AMX oneDNN decoded 5% slower (docs/DECODING.md; the runs: reports/benchmarks/README.md)."""
     if "amx_int8" in flags and "onednn" in torch.backends.quantized.supported_engines:
         return "onednn"
     return torch.backends.quantized.engine

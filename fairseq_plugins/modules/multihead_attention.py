@@ -107,7 +107,7 @@ class MultiheadAttention(nn.Module):
         drop = self.dropout_module
         dropout_p = drop.p if self.training or drop.apply_during_inference else 0.0
         # CPU's fused attention backward in bf16 ran 3-10x slower than in fp32 (torch 2.13, Xeon
-        # with AVX512-BF16 and AMX; docs/BENCHMARKS.md): autocast training takes the explicit path
+        # with AVX512-BF16 and AMX; reports/benchmarks/README.md): autocast training takes the explicit path
         explicit = need_weights or (torch.is_grad_enabled() and q.device.type == "cpu"
                                     and torch.is_autocast_enabled("cpu"))
         if explicit:

@@ -17,7 +17,7 @@ from fairseq_plugins_lab.benchmarks.presets import COMPILED, MODELS, length_limi
 # The suite's performance targets, ours / built-in at the cpu preset in fp32, by row: (ratio,
 # "min" or "max"). The Transformer's training target was 1.15x until fp32 training proved
 # matmul-bound for both; its generation target is the one at beam 4 (2.0x at beam 8 with
-# 100-token hypotheses: docs/BENCHMARKS.md); rnnsearch's generation is compared per hypothesis
+# 100-token hypotheses: reports/benchmarks/README.md); rnnsearch's generation is compared per hypothesis
 # token, as its hypotheses and lstm's differ in length unless --max-len fixes them.
 TARGETS = {
     ("transformer", "train target tokens/s"): (1.0, "min"),

@@ -28,7 +28,7 @@ TOTAL = 16  # updates: 4 epochs of 4 updates (2 batches of --max-tokens 600 each
 EXIT_PREEMPTED = 75
 BOUND = 60  # seconds a stop may take (the default --preemption-timeout)
 # seconds from kill -9 of one worker to the other's exit: measured 5.9-6.5 s (3 runs, AMD EPYC, 2 cores at
-# load average 17, 2026-12-01), mostly the interpreter's teardown; 20 s leaves a 3x margin (the README cites it)
+# load average 17, 2026-12-01), mostly the interpreter's teardown; 20 s leaves a 3x margin (docs/SCALE.md cites it)
 LOST_WORKER_BOUND = 20
 
 

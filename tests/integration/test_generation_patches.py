@@ -103,7 +103,7 @@ def beam_search_by_padding_side(path, data_bin, left_pad_source):
 
 @pytest.mark.parametrize("family", ["vaswani_transformer", "rnnsearch", "rnnencdec", "seq2seq_lstm"])
 def test_right_padded_sources_translate_as_left_padded(generation_models, data_bin, family):
-    """README: any padding side. The same batches padded on the right (fairseq's left_pad_source=False;
+    """docs/MODELS.md: any padding side. The same batches padded on the right (fairseq's left_pad_source=False;
     fairseq-generate has no flag to turn its True default off) give the same hypotheses, scores to
     float32 rounding."""
     left, right = (beam_search_by_padding_side(generation_models[family], data_bin, side) for side in (True, False))

@@ -80,7 +80,7 @@ def test_replace_unk_with_print_alignment_and_raw_data(unk_setup, soft):
 
 
 def test_interactive_and_ensemble_replace_unk(unk_setup, soft):
-    """The README's commands: fairseq-interactive, one model and an ensemble of two families. One
+    """docs/RECIPES.md's commands: fairseq-interactive, one model and an ensemble of two families. One
     model must give the oracle's output, the ensemble fairseq-generate's."""
     data, paths = unk_setup["data"], unk_setup["paths"]
     sources = open(f"{unk_setup['raw']}/test.src").read()

@@ -1,4 +1,4 @@
-"""``--user-dir`` from a folder other than the checkout, by install mode (see the README's install notes).
+"""``--user-dir`` from a folder other than the checkout, by install mode (see docs/INSTALL.md's install notes).
 
 fairseq resolves a --user-dir that is not a path from the current folder next to its own
 package (``site-packages/fairseq/../fairseq_plugins``): a ``pip install .`` puts the suite
@@ -39,7 +39,7 @@ def test_bare_name_after_pip_install(tmp_path):
 
 
 def test_package_path_works_from_anywhere(tmp_path):
-    """The README's form for an editable install: the package's folder, from Python."""
+    """docs/INSTALL.md's form for an editable install: the package's folder, from Python."""
     command = ("python -c \"$0\" \"$(python -c 'import fairseq_plugins, os; "
                "print(os.path.dirname(fairseq_plugins.__file__))')\"")
     out = run(["bash", "-c", command, PARSE], cwd=tmp_path)

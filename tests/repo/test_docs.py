@@ -106,8 +106,8 @@ def broken_links(page):
     ("Checkpoints under torch ≥ 2.6", "checkpoints-under-torch--26"),
     ("bf16 / fp32 in real `fairseq-train` runs", "bf16--fp32-in-real-fairseq-train-runs"),
     ("Reproducing the papers on WMT'14", "reproducing-the-papers-on-wmt14"),
-    ("A finished run stays finished (`fairseq_plugins/patches/finished_run.py`)",
-     "a-finished-run-stays-finished-fairseq_pluginspatchesfinished_runpy"),
+    ("A finished run stays finished (`finished_run`, `fairseq_plugins/patches/resume.py`)",
+     "a-finished-run-stays-finished-finished_run-fairseq_pluginspatchesresumepy"),
     ("Kill -9 and resume", "kill--9-and-resume"),
 ])
 def test_slug_follows_githubs_rules(heading, anchor):

@@ -52,7 +52,7 @@ def models(corpus):
         save = corpus["root"] / name
         train(corpus[joined], save, TINY + flags, updates, env=ONE_THREAD)
         checkpoint = str(save / "checkpoint_last.pt")
-        run([EXPORT, checkpoint, save / "ct2"])  # the README's command
+        run([EXPORT, checkpoint, save / "ct2"])  # docs/DEPLOYMENT.md's command
         return corpus[joined], checkpoint, str(save / "ct2"), fairseq_generate(corpus[joined], checkpoint)
 
     return dict(zip(VARIANTS, in_parallel([lambda name=name, variant=variant: build(name, *variant)
@@ -71,7 +71,7 @@ def fairseq_generate(data, checkpoint, *flags):
 
 
 def translate(model_dir, sources, **options):
-    """The README's deployment snippet."""
+    """docs/DEPLOYMENT.md's deployment snippet."""
     translator = ctranslate2.Translator(model_dir, inter_threads=1, intra_threads=1)
     return translator.translate_batch([s.split() for s in sources], beam_size=4, max_decoding_length=200,
                                       return_scores=True, **options)
@@ -128,7 +128,7 @@ def test_int8_keeps_bleu_within_0_3(models, corpus, tmp_path):
     with open(os.path.join(corpus["raw"], "test.tgt"), encoding="utf-8") as f:
         refs = f.read().splitlines()
     bleu = {}
-    run([EXPORT, checkpoint, tmp_path / "int8", "--quantization", "int8"])  # the README's command
+    run([EXPORT, checkpoint, tmp_path / "int8", "--quantization", "int8"])  # docs/DEPLOYMENT.md's command
     for quantization, out_dir in (("float32", model_dir), ("int8", str(tmp_path / "int8"))):
         results = translate(out_dir, [expected[i][0] for i in ids])
         hyps = [" ".join(r.hypotheses[0]) for r in results]
@@ -139,11 +139,11 @@ def test_int8_keeps_bleu_within_0_3(models, corpus, tmp_path):
 
 @INT8_WITHOUT_VNNI
 def test_every_quantization_exports_loads_and_translates(generation_models, corpus_dir, tmp_path):
-    """Each --quantization the README lists writes a smaller model.bin that CTranslate2 loads on this
+    """Each --quantization docs/DEPLOYMENT.md lists writes a smaller model.bin that CTranslate2 loads on this
     CPU and that translates the test set as the float32 export does (CTranslate2 converts, when loading,
     weights it has no kernels for on the CPU: on an AMD EPYC int16 runs as int8_float32 and
-    float16/bfloat16 as float32; the README says so)."""
-    assert QUANTIZATIONS == ("int8", "int8_float32", "int16", "float16", "bfloat16")  # the README's list
+    float16/bfloat16 as float32; docs/DEPLOYMENT.md says so)."""
+    assert QUANTIZATIONS == ("int8", "int8_float32", "int16", "float16", "bfloat16")  # docs/DEPLOYMENT.md's list
     checkpoint = generation_models["vaswani_transformer"]
     with open(os.path.join(corpus_dir, "test.src"), encoding="utf-8") as f:
         sources = f.read().splitlines()

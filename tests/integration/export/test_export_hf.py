@@ -237,7 +237,7 @@ def _raw_lines(corpora):
 
 
 def _pipeline_strings(model_dir, lines):
-    translate = pipeline("translation", model=str(model_dir), trust_remote_code=True)  # the README's lines
+    translate = pipeline("translation", model=str(model_dir), trust_remote_code=True)  # docs/DEPLOYMENT.md's lines
     return [r["translation_text"] for r in translate(lines)]
 
 
@@ -359,7 +359,7 @@ def _rebuilt(checkpoint, path, **options):
      "--encoder-embed-dim 33 is odd"),
 ], ids=["encoder-learned-pos", "decoder-learned-pos", "two-widths", "odd-d-model"])
 def test_the_models_transformers_cannot_compute_are_refused(options, fragment, generation_models, tmp_path, capsys):
-    """The README's refusals, each on a checkpoint fairseq loads (the session's separate-embedding
+    """docs/DEPLOYMENT.md's refusals, each on a checkpoint fairseq loads (the session's separate-embedding
     model rebuilt with the option): one line naming the option, nothing written."""
     checkpoint = _rebuilt(generation_models["vaswani_transformer"], tmp_path / "model.pt", **options)
     refused([checkpoint, tmp_path / "out"], fragment, capsys)

@@ -306,7 +306,7 @@ def test_pipeline_on_raw_text_gives_the_suite_route_strings(generation_models, b
         hyp.write_text("".join(hypotheses[family][i][1] + "\n" for i in range(20)), encoding="utf-8")
         tokenize_main(["detokenize", "-l", "tgt", "-i", str(hyp), "-o", str(detok)])
         model_dir = export_folder(generation_models[family], str(tmp_path / family), beam=4)
-        translate = pipeline("translation", model=model_dir, trust_remote_code=True)  # the README's lines
+        translate = pipeline("translation", model=model_dir, trust_remote_code=True)  # docs/DEPLOYMENT.md's lines
         assert [r["translation_text"] for r in translate(lines)] == detok.read_text(encoding="utf-8").splitlines()
 
 

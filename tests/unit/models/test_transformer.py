@@ -305,7 +305,7 @@ def test_heads_must_divide_the_embedding():
     ids=["cpu-training", "cpu-autocast-inference", "cpu-autocast-training", "other-device-autocast-training"])
 def test_only_autocast_training_on_a_cpu_takes_the_explicit_attention(monkeypatch, device, grad, autocast, fused):
     """torch 2.13's fused attention backward in bf16 ran 3-10x slower than the explicit one on a CPU
-    (docs/BENCHMARKS.md); everywhere else, the fused kernel."""
+    (reports/benchmarks/README.md); everywhere else, the fused kernel."""
     calls = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))

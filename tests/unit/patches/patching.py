@@ -10,7 +10,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_plugins import patches
 
 
-OFFICIAL_0_12_2 = fairseq.__version__ == "0.12.2"  # the PyPI release, below Python 3.11 (docs/COMPATIBILITY.md)
+OFFICIAL_0_12_2 = fairseq.__version__ == "0.12.2"  # the PyPI release, below Python 3.11 (docs/INSTALL.md)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""fairseq_plugins.patches.batch_by_size and .checkpoint_loading: batching keeps every sentence; checkpoints load weights-only."""
+"""The patches batch_by_size (patches/data.py) and checkpoint_loading (patches/checkpoint_io.py): batching keeps
+every sentence; checkpoints load weights-only."""
 import os
 
 import numpy as np

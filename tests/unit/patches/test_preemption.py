@@ -141,7 +141,7 @@ checkpoint: {{save_dir: {tmp_path}}}
                            "--config-dir", str(tmp_path), "--config-name", "run", "+checkpoint.preemption_timeout=-5",
                            f"hydra.run.dir={tmp_path}/hydra"],
                           capture_output=True, text=True, env=cli_env(), cwd=tmp_path)
-    if hydra.__version__.startswith("1.0."):  # fairseq 0.12.2's hydra adds no key to a schema (docs/COMPATIBILITY.md)
+    if hydra.__version__.startswith("1.0."):  # fairseq 0.12.2's hydra adds no key to a schema (docs/INSTALL.md)
         assert "Key 'preemption_timeout' not in 'CheckpointConfig'" in out_.stderr, out_.stderr[-3000:]
     else:
         assert "--preemption-timeout -5: must be a positive number of seconds" in out_.stderr, out_.stderr[-3000:]
