@@ -171,7 +171,9 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
     ``result["valid"]`` is the best one logged during training). ``generate_flags`` go to every fairseq-generate (e.g. --remove-bpe).
     fairseq-train validates at every checkpoint; with ``validate_last_only`` only at the ones
     averaged (and at the end), which on a small budget saves most of the time. ``keep_all`` keeps
-    every interval checkpoint (to pick one by time or compute later), not only the averaged ones.
+    every interval checkpoint (to pick one by time or compute later) and does not validate: fairseq
+    saves an interval checkpoint only from --validate-after-updates on, and the times of a run that
+    validates count the validations (``result["valid"]`` is then None).
     """
     out = os.path.join(work, name)
     result_path = os.path.join(out, "result.json")
@@ -189,7 +191,8 @@ def train_and_evaluate(work, name, data, train_flags, max_update, minutes, avera
          "--save-interval-updates", interval,
          "--keep-interval-updates", -1 if keep_all else max(1, average), "--no-epoch-checkpoints", "--no-progress-bar",
          "--log-interval", max(1, max_update // 30), "--seed", seed, "--num-workers", 0,
-         "--validate-after-updates", max(0, max_update - average * interval) if validate_last_only else 0],
+         *(["--disable-validation"] if keep_all else ["--validate-after-updates", max(
+             0, max_update - average * interval) if validate_last_only else 0])],
         os.path.join(out, "train.log"), echo=(" | train_inner | ", " | valid | ") if echo else (),
         prefix=f"{name}: ")
     train_minutes = (time.time() - start) / 60
