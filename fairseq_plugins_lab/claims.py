@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
+import logging
+
 import numpy as np
 import sacrebleu
 from sacrebleu.significance import PairedTest
@@ -37,6 +39,7 @@ FAILS = "does not hold"
 UNDECIDED = "not decided"
 ALPHA = 0.05
 BOOTSTRAP_SAMPLES = 1000  # sacrebleu's defaults
+logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # its tests log each step at INFO
 AR_TRIALS = 10000
 
 
@@ -190,7 +193,9 @@ def describe(v: Verdict, digits: int = 1) -> str:
     groups = [(1, "holds on"), (-1, "reversed on"), (0, "no significant difference on")]
     parts = [f"{label} {'seed' if n == 1 else 'seeds'} {', '.join(x.seed for x in v.pairs if x.sign == s)}"
              for s, label in groups for n in [sum(x.sign == s for x in v.pairs)] if n]
-    return f"{UNDECIDED}: {'; '.join(parts)} ({detail})"
+    width = mean([(x.high - x.low) / 2 for x in v.pairs])
+    return (f"{UNDECIDED}: {'; '.join(parts)}; the 95% intervals are ±{width:.{digits}f} wide on average, so a "
+            f"smaller difference cannot be resolved on these sentences ({detail})")
 
 
 def plot_bands(path: str, labels: Sequence[str], series: dict, ylabel: str = "BLEU", title: str = ""):

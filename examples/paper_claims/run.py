@@ -41,17 +41,17 @@ BUDGET_WHY = [
      "(one seed, 2026-11-29) it was flat; RNNencdec needs about 2,000 to translate visibly (the quickstart's "
      "budget)"),
     ("RNNsearch-50, RNNencdec-50, catalogs: 1,500 updates",
-     "about 4 epochs of the 27k pairs, where the validation loss of the 400-update runs was still falling "
-     "fast; the most that fits 2 cores beside the Transformers"),
+     "at 400 updates (2026-12-01) their validation loss was still falling fast; 1,500 is the most that fits "
+     "2 cores beside the Transformers (the epochs column says how many passes over the pairs that is)"),
     ("seq2seq LSTMs, synthetic only: 2,000 updates",
      "the reversal shows only once an LSTM translates at all: the quickstart's needs about 1,100 updates; at "
      "400 (2026-12-01) both scored below 1 BLEU. On the catalogs they stayed below 1 BLEU at 400 and a "
      "budget at which they translate does not fit 2 cores beside the rest"),
     ("Transformers, catalogs only: 1,200 updates of 4,096 tokens",
      "on the synthetic pair a tiny Transformer is near 100 BLEU within 400 updates (the quickstart), which "
-     "leaves label smoothing and averaging nothing to show; on the real pair 1,200 updates (about 12 epochs) "
-     "reach the plateau whose last quarter is averaged (lr 2e-3, inverse-square-root decay after 200 "
-     "warm-up updates, as in the quickstart)"),
+     "leaves label smoothing and averaging nothing to show; on the real pair 1,200 updates are the most that "
+     "fits 2 cores (lr 2e-3, inverse-square-root decay after 200 warm-up updates, as in the quickstart); the "
+     "validation column says whether the averaged quarter is a plateau"),
     ("Transformer vs RNNsearch at equal compute",
      "read from the two runs above (every checkpoint kept): each model's last checkpoint at or before the "
      "minutes, and the training FLOPs, both reached"),
@@ -414,6 +414,14 @@ def span(corpora, results):
     return min(next(stamped(log))[0] for log in logs), max(os.path.getmtime(f) for f in outputs)
 
 
+def valid_window(work, name, r):
+    """``a → b``: validation NLL (bits) at the first and the last checkpoint fairseq-train validated
+    (the averaged quarter); '-' for a run that did not validate."""
+    nll = [float(x) for _, line in stamped(os.path.join(run_dir(work, name, r["seed"]), "train.log"))
+           if " | valid | " in line for x in re.findall(r"\| nll_loss ([\d.]+) ", line)]
+    return f"{nll[0]:.2f} → {nll[-1]:.2f}" if nll else "-"
+
+
 def cell(runs, key, digits=1):
     return claims.mean_std([key(r) for r in runs], digits)
 
@@ -453,20 +461,24 @@ def report(argv, out, corpora, results, extra, seconds, load):
               "of the last 5 translated with beam 4 (RNNs: lr 5e-3 flat, LSTMs 1e-2, 2,048 tokens per batch; "
               f"RNNsearch/RNNencdec start from PyTorch's initialisation). Budgets scaled by {extra['scale']:g}.", "",
               *[f"- **{what}**: {why}." for what, why in BUDGET_WHY], ""]
-    header = ["model", *[f"{c} {h}" for c in names for h in ("BLEU", "chrF", "updates", "epochs", "minutes")]]
+    header = ["model", *[f"{c} {h}" for c in names for h in ("BLEU", "chrF", "updates", "epochs", "minutes",
+                                                             "valid NLL over the averaged quarter, seed by seed")]]
     models = [m for m in recipes("tiny") if any(m in results[c] for c in names)]
     rows = [[m, *[x for c in names for x in ((cell(results[c][m], lambda r: r["bleu"]),
                                                cell(results[c][m], lambda r: r["chrf"]),
                                                cell(results[c][m], lambda r: r["updates"], 0),
                                                cell(results[c][m], lambda r: epochs(corpora[c][0], m, r), 0),
-                                               cell(results[c][m], lambda r: r["train_minutes"]))
-                                              if m in results[c] else ("-",) * 5)]] for m in models]
+                                               cell(results[c][m], lambda r: r["train_minutes"]),
+                                               "; ".join(valid_window(corpora[c][0], m, r) for r in results[c][m]))
+                                              if m in results[c] else ("-",) * 6)]] for m in models]
     for c in names:
         if "ensemble" in extra["verdicts"][c]:
             ens = extra["verdicts"][c]["ensemble"].pairs[0].a
             rows.append([f"seq2seq-ensemble ({c}: all seeds' seq2seq-reversed)",
-                         *[x for n in names for x in ((f"{ens:.1f}", "-", "-", "-", "-") if n == c else ("-",) * 5)]])
-    lines += ["## BLEU and chrF, mean ± std over seeds", "", report_io.markdown_table(header, rows)]
+                         *[x for n in names for x in ((f"{ens:.1f}", "-", "-", "-", "-", "-") if n == c else ("-",) * 6)]])
+    lines += ["## BLEU and chrF, mean ± std over seeds", "",
+              "Validation NLL in bits per token, as fairseq-train logs it; the runs that keep every checkpoint "
+              "for the equal-compute claims do not validate (-).", "", report_io.markdown_table(header, rows)]
     for c in names:
         compute = extra["compute"].get(c)
         if not compute:
