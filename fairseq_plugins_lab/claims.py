@@ -193,9 +193,11 @@ def describe(v: Verdict, digits: int = 1) -> str:
     groups = [(1, "holds on"), (-1, "reversed on"), (0, "no significant difference on")]
     parts = [f"{label} {'seed' if n == 1 else 'seeds'} {', '.join(x.seed for x in v.pairs if x.sign == s)}"
              for s, label in groups for n in [sum(x.sign == s for x in v.pairs)] if n]
-    width = mean([(x.high - x.low) / 2 for x in v.pairs])
-    return (f"{UNDECIDED}: {'; '.join(parts)}; the 95% intervals are ±{width:.{digits}f} wide on average, so a "
-            f"smaller difference cannot be resolved on these sentences ({detail})")
+    if any(x.sign == 0 for x in v.pairs):  # a seed without a decision: say how fine the test could see
+        width = mean([(x.high - x.low) / 2 for x in v.pairs])
+        parts.append(f"the 95% intervals are ±{width:.{digits}f} wide on average, so a smaller difference "
+                     "cannot be resolved on these sentences")
+    return f"{UNDECIDED}: {'; '.join(parts)} ({detail})"
 
 
 def plot_bands(path: str, labels: Sequence[str], series: dict, ylabel: str = "BLEU", title: str = ""):

@@ -120,6 +120,8 @@ def test_describe_names_each_seeds_difference_interval_and_p():
                             "the 95% intervals are ±1.0 wide on average, so a smaller difference cannot be resolved "
                             "on these sentences (")
     assert "|" not in mixed  # it sits in a table cell
+    opposite = claims.describe(claims.decide([pair(1, 2, 0.01), pair(2, -1, 0.01)]))
+    assert opposite.startswith("not decided: holds on seed 1; reversed on seed 2 (")  # no resolution to blame
 
 
 def test_quantile_edges_cut_into_equal_groups():
