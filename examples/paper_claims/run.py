@@ -23,7 +23,7 @@ import sys
 import time
 
 from fairseq_plugins.analysis import generate_output, report as report_io
-from fairseq_plugins.analysis.bleu_by_length import scores_by_bucket, source_length
+from fairseq_plugins.analysis.bleu_by_length import bucket_of, scores_by_bucket, source_length
 from fairseq_plugins.checkpoints import UPDATE_PATTERN
 from fairseq_plugins_lab import claims, experiment
 
@@ -287,8 +287,7 @@ def thirds(path):
     srcs, hyps, refs = translations(path)
     lengths = [source_length(s) for s in srcs]
     edges = claims.quantile_edges(lengths, 3)
-    pick = [[i for i, n in enumerate(lengths) if test(n)] for test in (lambda n: n < edges[1],
-                                                                         lambda n: n >= edges[-1])]
+    pick = [[i for i, n in enumerate(lengths) if bucket_of(n, edges) == b] for b in (0, len(edges) - 1)]
     return [([hyps[i] for i in idx], [refs[i] for i in idx]) for idx in pick]
 
 
